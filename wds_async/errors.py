@@ -1,0 +1,128 @@
+"""One exception tree for everything wds-async raises.
+
+Backends translate their native errors (aiohttp, OSError, subprocess status, SDK exceptions) into
+this tree at the boundary; nothing above the backends sees a foreign exception type::
+
+    WdsError                                   base; attributes url, offset (either may be None)
+    ├── UrlError(WdsError, ValueError)         malformed URL, unknown scheme, bad brace pattern, empty list
+    ├── MissingDependency(WdsError, ImportError)   an optional extra is not installed
+    ├── BackendError(WdsError, OSError)        the source could not deliver the bytes
+    │   ├── NotFound(.., FileNotFoundError)    404, missing file, unknown command
+    │   ├── PermissionDenied(.., PermissionError)  401/403, unreadable file
+    │   ├── TransientError                     worth retrying: 5xx, 429, reset, stall, short body
+    │   └── PipeError                          a ``pipe:`` command exited non-zero or was killed
+    ├── ShardFormatError(WdsError, ValueError) the bytes are not a valid (gzipped) tar
+    │   └── TruncatedShard                     the archive ends mid-member or before its end marker
+    └── SampleError(WdsError, ValueError)      a member breaks the grouping rules (repeated extension)
+
+Context lives in attributes (``url``, ``offset``, ``member``), never appended to ``args``; ``str()``
+renders them after the message so a log line always names the shard and the byte.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendError",
+    "MissingDependency",
+    "NotFound",
+    "PermissionDenied",
+    "PipeError",
+    "SampleError",
+    "ShardFormatError",
+    "TransientError",
+    "TruncatedShard",
+    "UrlError",
+    "WdsError",
+]
+
+
+class WdsError(Exception):
+    """Base of every error wds-async raises.
+
+    ``url`` is the shard (already redacted of credentials by whoever raised), ``offset`` the byte
+    position in the (decompressed) shard stream where the problem was seen, when known.
+    """
+
+    def __init__(self, message: str, *, url: str | None = None, offset: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.url = url
+        self.offset = offset
+
+    def __str__(self) -> str:
+        where = []
+        if self.url is not None:
+            where.append(f"url={self.url}")
+        if self.offset is not None:
+            where.append(f"offset={self.offset}")
+        return f"{self.message} ({', '.join(where)})" if where else self.message
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        # Keyword-only context must survive pickling across DataLoader worker processes.
+        return (_rebuild, (type(self), self.message, dict(self.__dict__)))
+
+
+def _rebuild(cls: type[WdsError], message: str, state: dict) -> WdsError:  # type: ignore[type-arg]
+    err = cls.__new__(cls)
+    Exception.__init__(err, message)
+    err.__dict__.update(state)
+    return err
+
+
+class UrlError(WdsError, ValueError):
+    """A URL, brace pattern or URL list that cannot be used."""
+
+
+class MissingDependency(WdsError, ImportError):
+    """An optional dependency (an extra such as ``wds-async[s3]``) is not installed."""
+
+
+class BackendError(WdsError, OSError):
+    """The source could not deliver the bytes."""
+
+
+class NotFound(BackendError, FileNotFoundError):
+    """The object, file or command does not exist."""
+
+
+class PermissionDenied(BackendError, PermissionError):
+    """The credentials in use may not read the object."""
+
+
+class TransientError(BackendError):
+    """A failure worth retrying: server errors, throttling, dropped or stalled connections."""
+
+
+class PipeError(BackendError):
+    """A ``pipe:`` command exited with a non-zero status or was killed by a signal."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        url: str | None = None,
+        offset: int | None = None,
+        returncode: int | None = None,
+        stderr_tail: str = "",
+    ) -> None:
+        super().__init__(message, url=url, offset=offset)
+        self.returncode = returncode
+        self.stderr_tail = stderr_tail
+
+
+class ShardFormatError(WdsError, ValueError):
+    """The bytes of a shard are not a valid tar (or gzipped tar) archive."""
+
+
+class TruncatedShard(ShardFormatError):
+    """The archive ended inside a member or without its end-of-archive marker."""
+
+
+class SampleError(WdsError, ValueError):
+    """A member breaks the grouping rules, for example a repeated extension within one sample."""
+
+    def __init__(
+        self, message: str, *, url: str | None = None, offset: int | None = None, member: str | None = None
+    ) -> None:
+        super().__init__(message, url=url, offset=offset)
+        self.member = member
