@@ -1,0 +1,58 @@
+"""wds-async: stream WebDataset tar shards from object stores at full network bandwidth.
+
+The public API is what this module re-exports (checked by ``tests/unit/test_exports.py``)::
+
+    import wds_async as wds
+    ds = wds.WebDataset("https://host/train-{000000..000099}.tar").shuffle(1000).to_tuple("jpg", "cls")
+"""
+
+from .config import EngineConfig, RetryPolicy
+from .dataset import WebDataset, split_by_node, split_by_worker
+from .errors import (
+    BackendError,
+    MissingDependency,
+    NotFound,
+    PermissionDenied,
+    PipeError,
+    SampleError,
+    ShardFormatError,
+    TransientError,
+    TruncatedShard,
+    UrlError,
+    WdsError,
+)
+from .grouping import Sample
+from .handlers import ignore_and_continue, ignore_and_stop, reraise_exception, warn_and_continue, warn_and_stop
+from .stages import default_collation_fn
+from .urls import braceexpand, expand_urls
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendError",
+    "EngineConfig",
+    "MissingDependency",
+    "NotFound",
+    "PermissionDenied",
+    "PipeError",
+    "RetryPolicy",
+    "Sample",
+    "SampleError",
+    "ShardFormatError",
+    "TransientError",
+    "TruncatedShard",
+    "UrlError",
+    "WdsError",
+    "WebDataset",
+    "__version__",
+    "braceexpand",
+    "default_collation_fn",
+    "expand_urls",
+    "ignore_and_continue",
+    "ignore_and_stop",
+    "reraise_exception",
+    "split_by_node",
+    "split_by_worker",
+    "warn_and_continue",
+    "warn_and_stop",
+]

@@ -1,0 +1,100 @@
+"""The backend interface and what every backend shares.
+
+A backend turns a URL into bytes. It is a small object created once per event loop (so once per
+process and DataLoader worker) and handed to the engine; the engine never looks one up mid-pipeline.
+
+``open(url, start=, end=)`` is an async context manager that yields a :class:`ByteStream`: an async
+iterator of ``bytes`` chunks beginning exactly at byte ``start``. A source that cannot seek (a pipe, a
+server that ignores Range) skips the first ``start`` bytes itself, so callers never see the difference.
+The iterator raises instead of ending quietly when the source failed: a short body, a non-zero pipe
+exit status. Leaving the context releases the connection, file or process on every path.
+
+Every backend translates its native errors into :mod:`wds_async.errors` here, at the boundary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+__all__ = ["Backend", "ByteStream", "ObjectIdentity", "status_error"]
+
+
+@dataclass(frozen=True)
+class ObjectIdentity:
+    """What identifies one version of an object; compared between attempts so that a retry never
+    splices two versions of a shard. ``None`` fields are unknown and not compared."""
+
+    size: int | None = None
+    etag: str | None = None
+    generation: str | None = None
+    last_modified: str | None = None
+
+    def conflicts_with(self, other: ObjectIdentity) -> str | None:
+        """A description of the first known field that differs, or None."""
+        for name in ("size", "etag", "generation", "last_modified"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if mine is not None and theirs is not None and mine != theirs:
+                return f"{name} changed from {mine!r} to {theirs!r}"
+        return None
+
+
+@dataclass
+class ByteStream:
+    """The chunks of one open source plus what is known about it.
+
+    ``chunks`` yields bytes from ``start``; ``identity.size`` is the whole object's size when the source
+    announced it. ``info`` carries backend details for error messages (e.g. HTTP status).
+    """
+
+    chunks: AsyncIterator[bytes]
+    start: int = 0
+    identity: ObjectIdentity = field(default_factory=ObjectIdentity)
+    info: Mapping[str, object] = field(default_factory=dict)
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self.chunks
+
+    async def aclose(self) -> None:
+        """Finalize the chunk iterator now rather than whenever the garbage collector gets to it."""
+        closer = getattr(self.chunks, "aclose", None)
+        if closer is not None:
+            await closer()
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What the engine needs from a storage scheme."""
+
+    def open(self, url: str, *, start: int = 0, end: int | None = None) -> AbstractAsyncContextManager[ByteStream]:
+        """Stream the bytes ``[start, end)`` of ``url`` (``end=None``: to the end)."""
+        ...
+
+    async def size(self, url: str) -> int | None:
+        """The object's size in bytes, or None when the source cannot tell without reading it."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release sessions and other resources; the backend is unusable afterwards."""
+        ...
+
+
+def status_error(status: int, url: str, reason: str = "", *, offset: int | None = None) -> Exception:
+    """Map an HTTP status to the error tree: 404 not found, 401/403 permission, 408/429/5xx transient."""
+    from wds_async.errors import BackendError, NotFound, PermissionDenied, TransientError
+
+    text = f"HTTP {status}{' ' + reason if reason else ''}"
+    if status == 404 or status == 410:
+        return NotFound(f"{text}: the object does not exist; check the URL", url=url, offset=offset)
+    if status in (401, 403):
+        return PermissionDenied(
+            f"{text}: access denied; check the credentials or the object's permissions", url=url, offset=offset
+        )
+    if status in (408, 429) or 500 <= status < 600:
+        return TransientError(f"{text}: the server is failing or throttling; will retry", url=url, offset=offset)
+    if status == 416:
+        return BackendError(f"{text}: requested range not satisfiable (object shorter than expected?)",
+                            url=url, offset=offset)
+    return BackendError(f"{text}: unexpected answer", url=url, offset=offset)

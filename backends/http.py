@@ -1,0 +1,183 @@
+"""``http://`` and ``https://`` over one aiohttp session per event loop.
+
+* The connector allows ``max_connections`` connections (no per-host limit below that), so all shard
+  streams of a process share one pool.
+* ``ClientTimeout(total=None, sock_connect=..., sock_read=...)``: a shard may stream for hours; what
+  must not happen is ``read_timeout`` seconds without a byte (a stall).
+* ``open(start=N)`` sends ``Range: bytes=N-`` (or ``N-M``, never a suffix range). A server that answers
+  200 instead of 206 ignored the range; the stream then discards the first ``N`` bytes itself.
+* A body shorter than its Content-Length raises :class:`~wds_async.errors.TransientError` with the
+  offset reached, so the engine can resume there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from wds_async.errors import BackendError, TransientError, UrlError
+from wds_async.urls import redact_url
+
+from .base import ByteStream, ObjectIdentity, status_error
+
+__all__ = ["HttpBackend"]
+
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+
+
+def _check_url(url: str) -> None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UrlError("malformed http(s) URL: it needs a host, as in https://host/path/shard.tar",
+                       url=redact_url(url))
+
+
+def identity_from_headers(headers: Mapping[str, str], status: int) -> ObjectIdentity:
+    """The object's identity and total size from response headers (206 uses Content-Range)."""
+    size: int | None = None
+    if status == 206:
+        m = _CONTENT_RANGE.match(headers.get("Content-Range", ""))
+        if m and m.group(3) != "*":
+            size = int(m.group(3))
+    elif "Content-Length" in headers and "Content-Encoding" not in headers:
+        size = int(headers["Content-Length"])
+    return ObjectIdentity(
+        size=size,
+        etag=headers.get("ETag"),
+        generation=headers.get("x-goog-generation"),
+        last_modified=headers.get("Last-Modified"),
+    )
+
+
+class HttpBackend:
+    """Streams http(s) objects with ranged GETs on a shared aiohttp session."""
+
+    def __init__(
+        self,
+        *,
+        max_connections: int = 16,
+        connect_timeout: float = 30.0,
+        read_timeout: float = 60.0,
+        chunk_bytes: int = 1 << 20,
+        headers: Mapping[str, str] | None = None,
+        **_: object,
+    ) -> None:
+        self.max_connections = max_connections
+        self.chunk_bytes = chunk_bytes
+        self.headers = dict(headers or {})
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout)
+        self._session: aiohttp.ClientSession | None = None
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, ttl_dns_cache=300)
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=self._timeout, auto_decompress=False, trust_env=True,
+                headers={"User-Agent": "wds-async", "Accept-Encoding": "identity"},
+            )
+        return self._session
+
+    async def request_headers(self, url: str, start: int, end: int | None) -> dict[str, str]:
+        """Headers for one request; signing backends (S3, GCS, Azure) override this."""
+        headers = dict(self.headers)
+        if start or end is not None:
+            headers["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
+        return headers
+
+    def request_url(self, url: str) -> str:
+        """The URL actually fetched (cloud backends map their scheme to an https endpoint)."""
+        _check_url(url)
+        return url
+
+    @asynccontextmanager
+    async def open(self, url: str, *, start: int = 0, end: int | None = None) -> AsyncIterator[ByteStream]:
+        target = self.request_url(url)
+        shown = redact_url(url)
+        headers = await self.request_headers(url, start, end)
+        session = self._get_session()
+        try:
+            response = await session.get(target, headers=headers, allow_redirects=True)
+        except asyncio.TimeoutError:
+            raise TransientError("timed out connecting or waiting for the response headers", url=shown,
+                                 offset=start) from None
+        except aiohttp.InvalidURL:
+            raise UrlError("malformed URL", url=shown) from None
+        except aiohttp.ClientConnectionError as exc:
+            raise TransientError(f"connection failed: {exc}", url=shown, offset=start) from None
+        except aiohttp.ClientError as exc:
+            raise BackendError(f"request failed: {exc}", url=shown, offset=start) from None
+        try:
+            if response.status not in (200, 206):
+                raise status_error(response.status, shown, response.reason or "", offset=start)
+            skip = start if (response.status == 200 and start) else 0
+            identity = identity_from_headers(response.headers, response.status)
+            length = response.content_length
+            stream = ByteStream(
+                self._chunks(response, shown, start, skip, length, end),
+                start=start, identity=identity, info={"status": response.status},
+            )
+            try:
+                yield stream
+            finally:
+                await stream.aclose()
+        finally:
+            response.release() if response.content.at_eof() else response.close()
+
+    async def _chunks(
+        self, response: aiohttp.ClientResponse, url: str, start: int, skip: int, length: int | None,
+        end: int | None,
+    ) -> AsyncIterator[bytes]:
+        received = 0  # bytes of the body, including skipped ones
+        pos = start   # object offset of the next byte we yield
+        content = response.content
+        while True:
+            try:
+                chunk = await content.read(self.chunk_bytes)
+            except asyncio.TimeoutError:
+                raise TransientError(f"stalled: no data for {self._timeout.sock_read} s", url=url,
+                                     offset=pos) from None
+            except aiohttp.ClientPayloadError as exc:
+                raise TransientError(f"connection closed mid-body ({exc.__class__.__name__})", url=url,
+                                     offset=pos) from None
+            except aiohttp.ClientError as exc:
+                raise TransientError(f"read failed: {exc}", url=url, offset=pos) from None
+            if not chunk:
+                break
+            received += len(chunk)
+            if skip:
+                if len(chunk) <= skip:
+                    skip -= len(chunk)
+                    continue
+                chunk, skip = chunk[skip:], 0
+            if end is not None and pos + len(chunk) >= end:
+                chunk = chunk[: end - pos]
+                pos += len(chunk)
+                if chunk:
+                    yield chunk
+                return
+            pos += len(chunk)
+            yield chunk
+        if length is not None and received < length:
+            raise TransientError(f"body ended after {received} of {length} bytes", url=url, offset=pos)
+
+    async def size(self, url: str) -> int | None:
+        target = self.request_url(url)
+        shown = redact_url(url)
+        headers = await self.request_headers(url, 0, None)
+        try:
+            async with self._get_session().head(target, headers=headers, allow_redirects=True) as response:
+                if response.status != 200:
+                    raise status_error(response.status, shown, response.reason or "")
+                return response.content_length
+        except aiohttp.ClientError as exc:
+            raise TransientError(f"HEAD failed: {exc}", url=shown) from None
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()

@@ -1,0 +1,144 @@
+"""``pipe:CMD``: the standard output of a shell command.
+
+This runs ``CMD`` through ``/bin/sh`` exactly as written: treat ``pipe:`` URLs like code. Setting
+``WDS_ASYNC_NO_PIPE=1`` (or ``allow_pipe=False``) forbids them.
+
+EOF is not success: the stream ends cleanly only when the command exited with status 0; otherwise it
+raises :class:`~wds_async.errors.PipeError` with the status and the tail of the command's stderr.
+The command runs in its own process group; when the consumer stops early the whole group gets SIGTERM
+and, after a short grace, SIGKILL, and is reaped: we never wait for a command to finish on its own.
+A pipe cannot seek, so ``open(start=N)`` re-runs the command and discards the first ``N`` bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from typing import IO
+
+from wds_async.errors import BackendError, NotFound, PipeError, UrlError
+
+from .base import ByteStream
+
+__all__ = ["PipeBackend", "pipes_allowed"]
+
+STDERR_TAIL_BYTES = 2048
+
+
+def pipes_allowed(allow_pipe: bool | None = None) -> bool:
+    if allow_pipe is not None:
+        return allow_pipe
+    return os.environ.get("WDS_ASYNC_NO_PIPE", "").strip().lower() not in ("1", "true", "yes", "on")
+
+
+def _command(url: str) -> str:
+    cmd = url[len("pipe:"):].strip()
+    if not cmd:
+        raise UrlError("pipe: URL has no command after 'pipe:'", url=url)
+    return cmd
+
+
+def _tail(fh: IO[bytes]) -> str:
+    with suppress(OSError):
+        size = fh.seek(0, os.SEEK_END)
+        fh.seek(max(0, size - STDERR_TAIL_BYTES))
+        return fh.read().decode("utf-8", "replace").strip()
+    return ""
+
+
+def _describe(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = str(-returncode)
+        return f"killed by signal {name}"
+    return f"exited with status {returncode}"
+
+
+class PipeBackend:
+    """Runs each ``pipe:`` command as an asyncio subprocess and streams its stdout."""
+
+    def __init__(self, *, chunk_bytes: int = 1 << 20, kill_grace: float = 1.0, allow_pipe: bool | None = None,
+                 **_: object) -> None:
+        self.chunk_bytes = chunk_bytes
+        self.kill_grace = kill_grace
+        self.allow_pipe = allow_pipe
+
+    @asynccontextmanager
+    async def open(self, url: str, *, start: int = 0, end: int | None = None) -> AsyncIterator[ByteStream]:
+        if not pipes_allowed(self.allow_pipe):
+            raise UrlError("pipe: URLs are disabled (WDS_ASYNC_NO_PIPE is set or allow_pipe=False)", url=url)
+        cmd = _command(url)
+        with tempfile.TemporaryFile() as errfile:
+            try:
+                proc = await asyncio.create_subprocess_shell(
+                    cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=errfile,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise BackendError(f"cannot start the shell for the pipe: command: {exc}", url=url) from None
+            stream = ByteStream(self._chunks(proc, errfile, url, start, end), start=start)
+            try:
+                yield stream
+            finally:
+                await stream.aclose()
+                await self._stop(proc)
+
+    async def _chunks(
+        self, proc: asyncio.subprocess.Process, errfile: IO[bytes], url: str, start: int, end: int | None
+    ) -> AsyncIterator[bytes]:
+        assert proc.stdout is not None
+        pos, skip = 0, start
+        while end is None or pos < end:
+            chunk = await proc.stdout.read(self.chunk_bytes)
+            if not chunk:
+                break
+            if skip:
+                if len(chunk) <= skip:
+                    skip -= len(chunk)
+                    continue
+                chunk, skip = chunk[skip:], 0
+            if end is not None and pos + len(chunk) > end - start:
+                chunk = chunk[: end - start - pos]
+            pos += len(chunk)
+            yield chunk
+        if end is not None and pos >= end - start:
+            return
+        returncode = await proc.wait()
+        if returncode != 0:
+            tail = _tail(errfile)
+            what = "command not found" if returncode == 127 else _describe(returncode)
+            message = f"pipe: command {what} after {start + pos} bytes"
+            if tail:
+                message += f"; stderr: {tail}"
+            if returncode == 127:
+                raise NotFound(message, url=url, offset=start + pos)
+            raise PipeError(message, url=url, offset=start + pos, returncode=returncode, stderr_tail=tail)
+        if skip:
+            raise BackendError(f"pipe: output ended after {start - skip} bytes, before the resume offset {start}",
+                               url=url, offset=start - skip)
+
+    async def _stop(self, proc: asyncio.subprocess.Process) -> None:
+        """Terminate the command's process group if it still runs; always reap it."""
+        if proc.returncode is None:
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                with suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, sig)
+                try:
+                    await asyncio.wait_for(proc.wait(), self.kill_grace)
+                    break
+                except asyncio.TimeoutError:
+                    continue
+        with suppress(ProcessLookupError):
+            await proc.wait()
+
+    async def size(self, url: str) -> int | None:
+        return None
+
+    async def aclose(self) -> None:
+        return None

@@ -1,0 +1,191 @@
+"""The one seam between the asyncio engine and the synchronous consumer.
+
+A :class:`Bridge` owns a daemon thread running an event loop (uvloop when importable), the engine's
+task inside it, and shutdown. The consumer thread pulls *lists* of samples with :meth:`Bridge.batches`;
+each list costs one cross-thread hand-off (``run_coroutine_threadsafe``), not one per sample. Errors
+travel as values through the channel and are raised in the consumer's thread by the caller.
+
+Invariants:
+
+* Everything asyncio lives in the loop thread; the consumer only schedules coroutines onto it.
+* :meth:`close` is idempotent, safe from any thread and after a fork: it cancels the engine (which
+  closes sockets, files and child processes through their context managers), closes the backends, and
+  joins the thread. A bridge created in another process (a forked DataLoader worker inherited it) is
+  never touched.
+* A consumer never blocks forever: it waits in short slices and checks the loop thread is alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ._compat import TaskGroup
+from .config import EngineConfig
+from .engine import BackendSet, Engine
+from .queues import ByteBudget, SampleChannel
+from .stats import Stats
+
+__all__ = ["Bridge", "new_event_loop"]
+
+log = logging.getLogger("wds_async")
+
+#: Seconds a consumer waits in one slice before checking that the loop thread is still alive.
+_POLL = 0.5
+#: Seconds close() waits for the loop thread before giving up on it (it is a daemon thread).
+_JOIN_TIMEOUT = 10.0
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's loop when installed (faster sockets and subprocesses), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()  # type: ignore[no-any-return]
+
+
+class Bridge:
+    """Runs an :class:`Engine` over ``urls`` in a loop thread and hands its samples to the caller."""
+
+    def __init__(
+        self,
+        urls: list[str],
+        *,
+        config: EngineConfig,
+        handler: Callable[[BaseException], bool],
+        stats: Stats,
+        backends: dict[str, Any] | None = None,
+        backend_options: dict[str, Any] | None = None,
+        log_interval: float | None = None,
+    ) -> None:
+        self._urls = urls
+        self._config = config
+        self._handler = handler
+        self._stats = stats
+        self._backend_overrides = backends
+        self._backend_options = backend_options
+        self._log_interval = log_interval
+        self._pid = os.getpid()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._channel: SampleChannel | None = None
+        self._stop_event: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._startup_error: BaseException | None = None
+        self._pending: concurrent.futures.Future[Any] | None = None
+        self._closed = False
+
+    # -- loop thread ---------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="wds-async-engine", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._startup_error is not None:
+            raise self._startup_error
+
+    def _run(self) -> None:
+        loop = new_event_loop()
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._main())
+        except BaseException as exc:  # noqa: BLE001 - reported to the consumer below
+            self._startup_error = self._startup_error or exc
+        finally:
+            try:
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.run_until_complete(loop.shutdown_default_executor())
+            finally:
+                loop.close()
+                self._ready.set()
+
+    async def _main(self) -> None:
+        try:
+            self._stop_event = asyncio.Event()
+            budget = ByteBudget(self._config.max_buffered_bytes)
+            channel = SampleChannel(budget, ordered=self._config.deterministic)
+            backends = BackendSet(self._config, self._backend_overrides, self._backend_options)
+            engine = Engine(self._urls, backends=backends, channel=channel, config=self._config,
+                            handler=self._handler, stats=self._stats, log_interval=self._log_interval)
+            self._channel = channel
+        except BaseException as exc:
+            self._startup_error = exc
+            self._ready.set()
+            raise
+        self._ready.set()
+        try:
+            async with TaskGroup() as group:
+                engine_task = group.create_task(engine.run())
+                await self._stop_event.wait()
+                engine_task.cancel()
+        finally:
+            channel.abandon()
+            await backends.aclose()
+
+    # -- consumer thread -----------------------------------------------------------------------
+    def batches(self) -> Iterator[list[Any]]:
+        """Yield lists of items (samples, or exceptions to raise) until the engine is done."""
+        if self._channel is None or self._loop is None:
+            raise RuntimeError("Bridge.batches() before start()")
+        channel, loop, stats = self._channel, self._loop, self._stats
+        max_items, max_bytes = self._config.handoff_max_samples, self._config.handoff_bytes
+        while True:
+            if os.getpid() != self._pid:
+                raise RuntimeError("a wds-async iterator cannot be used across fork(); create it in the child")
+            started = time.perf_counter()
+            try:
+                future = asyncio.run_coroutine_threadsafe(channel.get_many(max_items, max_bytes), loop)
+            except RuntimeError:  # loop closed under us
+                raise RuntimeError("the wds-async engine thread stopped unexpectedly") from self._startup_error
+            self._pending = future
+            try:
+                items, done = self._wait(future)
+            finally:
+                self._pending = None
+                stats.wait_seconds += time.perf_counter() - started
+            stats.samples_delivered += len(items)
+            if items:
+                yield items
+            if done:
+                return
+
+    def _wait(self, future: concurrent.futures.Future[Any]) -> Any:
+        assert self._thread is not None
+        while True:
+            try:
+                return future.result(timeout=_POLL)
+            except concurrent.futures.TimeoutError:
+                if not self._thread.is_alive():
+                    raise RuntimeError("the wds-async engine thread stopped unexpectedly") from self._startup_error
+
+    def close(self) -> None:
+        """Stop the engine, release every resource and join the loop thread. Idempotent."""
+        if self._closed or os.getpid() != self._pid:
+            return
+        self._closed = True
+        pending = self._pending
+        if pending is not None:
+            pending.cancel()
+        loop, thread = self._loop, self._thread
+        if loop is not None and self._stop_event is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(self._stop_event.set)
+            except RuntimeError:  # the loop closed in between
+                pass
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(_JOIN_TIMEOUT)
+            if thread.is_alive():
+                log.warning("wds-async engine thread did not stop within %.0f s", _JOIN_TIMEOUT)
+
+    def __enter__(self) -> Bridge:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,128 @@
+"""webdataset's grouping rules: tar members -> samples.
+
+* key = the member path up to the first dot of its basename; extension = the rest, lower-cased
+  (``a/b.c/img.seg.PNG`` -> key ``a/b.c/img``, extension ``seg.png``);
+* consecutive members with the same key form one sample;
+* members whose basename has no dot, and metadata members (``__*__`` names) are skipped, as webdataset
+  does; unlike webdataset, macOS resource forks (``__MACOSX/`` and ``._*``) are skipped too;
+* a repeated extension within one sample is a :class:`~wds_async.errors.SampleError`, routed to the
+  error handler: when the handler chooses to continue, that whole sample is dropped (and counted).
+
+A :class:`Sample` is a plain ``dict`` (``__key__``, ``__url__``, one ``bytes`` value per extension), as
+webdataset yields, that also carries its source position: ``url`` and ``offset``, the byte offset of
+its first member's first tar header, from which a resumed reader can restart the shard.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+
+from .errors import SampleError, WdsError
+from .tarstream import Member
+
+__all__ = ["Grouper", "Sample", "split_key"]
+
+_KEY_RE = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
+_META_RE = re.compile(r"__[^/]*__($|/)")
+
+
+def split_key(name: str) -> tuple[str, str] | None:
+    """``(key, extension)`` for a member name, or None for names that carry no sample field."""
+    m = _KEY_RE.match(name)
+    if m is None:
+        return None
+    return m.group(1), m.group(2)
+
+
+def _skipped(name: str) -> bool:
+    if name.startswith("__MACOSX/") or "/__MACOSX/" in name:
+        return True
+    base = name.rsplit("/", 1)[-1]
+    if base.startswith("._"):
+        return True
+    return _META_RE.match(name) is not None
+
+
+class Sample(dict):  # type: ignore[type-arg]
+    """A sample dict that remembers where it starts in its shard (``url``, ``offset``)."""
+
+    url: str | None
+    offset: int | None
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.url = None
+        self.offset = None
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (_rebuild_sample, (dict(self), self.url, self.offset))
+
+
+def _rebuild_sample(data: dict, url: str | None, offset: int | None) -> Sample:  # type: ignore[type-arg]
+    s = Sample(data)
+    s.url, s.offset = url, offset
+    return s
+
+
+def sample_nbytes(sample: dict) -> int:  # type: ignore[type-arg]
+    """Bytes a sample holds in its binary fields (what the byte budget counts)."""
+    return sum(len(v) for v in sample.values() if isinstance(v, (bytes, bytearray, memoryview)))
+
+
+class Grouper:
+    """Incrementally groups members of one shard into samples.
+
+    ``on_error(err)`` is called with a :class:`SampleError` for a repeated extension; it either raises
+    (the error propagates) or returns, in which case the offending sample is dropped.
+    """
+
+    def __init__(self, url: str, on_error: Callable[[WdsError], None]) -> None:
+        self.url = url
+        self._on_error = on_error
+        self._current: Sample | None = None
+        self._bad_key: str | None = None
+        self.pending_bytes = 0
+
+    def push(self, members: Iterable[Member]) -> list[Sample]:
+        """Feed members in archive order; return the samples they complete."""
+        done: list[Sample] = []
+        for member in members:
+            if _skipped(member.name):
+                continue
+            parts = split_key(member.name)
+            if parts is None:
+                continue
+            key, ext = parts
+            ext = ext.lower()
+            if key == self._bad_key:
+                continue
+            current = self._current
+            if current is None or current["__key__"] != key:
+                if current is not None:
+                    done.append(current)
+                self._bad_key = None
+                current = Sample(__key__=key, __url__=self.url)
+                current.url, current.offset = self.url, member.offset
+                self._current = current
+                self.pending_bytes = 0
+            if ext in current:
+                self._current = None
+                self.pending_bytes = 0
+                self._bad_key = key
+                self._on_error(
+                    SampleError(
+                        f"repeated extension {ext!r} in sample {key!r} (member {member.name!r})",
+                        url=self.url, offset=member.offset, member=member.name,
+                    )
+                )
+                continue
+            current[ext] = member.data
+            self.pending_bytes += len(member.data)
+        return done
+
+    def finish(self) -> list[Sample]:
+        """End of shard: return the last sample, if any."""
+        last, self._current = self._current, None
+        self.pending_bytes = 0
+        return [last] if last is not None else []

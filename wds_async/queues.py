@@ -1,0 +1,255 @@
+"""Byte-bounded buffering between the shard readers and the consumer.
+
+Two primitives, both single-loop (asyncio) objects, touched only from the engine's loop thread:
+
+:class:`ByteBudget`
+    Counts bytes that were read from a source and not yet handed to the consumer: bytes held in tar
+    parsers, in partially grouped samples and in the channel. Readers call :meth:`ByteBudget.wait_for_room`
+    before every read. **Invariant:** ``used <= limit + (one chunk per reader)``, except that while the
+    consumer is starving (nothing deliverable), exactly one designated reader may keep reading so a sample
+    larger than the free budget can complete. Without that exception a budget smaller than the
+    partial samples of all readers would deadlock.
+
+:class:`SampleChannel`
+    Where complete samples wait for the consumer. *Interleaved* mode delivers samples in the order they
+    became ready; *ordered* mode delivers shard by shard in the order shards were opened. The consumer
+    takes samples in batches (:meth:`SampleChannel.get_many`), which releases their bytes from the budget.
+    Errors and the end of data travel through the channel as values, in position.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ByteBudget", "SampleChannel", "ChannelClosed"]
+
+
+class ChannelClosed(Exception):
+    """Raised to a reader that tries to put into a channel the consumer has abandoned."""
+
+
+class ByteBudget:
+    """A byte counter with a soft limit that readers wait on (see module docstring for the invariant)."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError("ByteBudget limit must be >= 1")
+        self.limit = limit
+        self.used = 0
+        self.peak = 0
+        self._waiters: list[asyncio.Future[None]] = []
+        self._overdraft_holder: object | None = None
+
+    def add(self, n: int) -> None:
+        """Account ``n`` more bytes held (negative ``n`` releases)."""
+        self.used += n
+        if self.used > self.peak:
+            self.peak = self.used
+        if n < 0:
+            self.wake()
+
+    def release(self, n: int) -> None:
+        """Bytes left the engine (handed to the consumer or dropped)."""
+        self.add(-n)
+
+    def wake(self) -> None:
+        """Let every waiter re-check its condition (called on release and when the consumer starves)."""
+        waiters, self._waiters = self._waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    def clear_overdraft(self) -> None:
+        """Something deliverable exists again: the overdraft exception ends."""
+        self._overdraft_holder = None
+
+    def forget(self, owner: object) -> None:
+        """``owner`` stopped reading; if it held the overdraft, hand the chance to another reader."""
+        if self._overdraft_holder is owner:
+            self._overdraft_holder = None
+            self.wake()
+
+    async def wait_for_room(self, owner: object, channel: SampleChannel) -> None:
+        """Return once ``owner`` may read another chunk."""
+        while self.used >= self.limit:
+            if channel.starving_for(owner) and self._overdraft_holder in (None, owner):
+                self._overdraft_holder = owner
+                return
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(fut)
+            try:
+                await fut
+            finally:
+                if not fut.done():
+                    fut.cancel()
+
+    def statistics(self) -> dict[str, int]:
+        return {"used": self.used, "limit": self.limit, "peak": self.peak, "waiting": len(self._waiters)}
+
+
+@dataclass(slots=True)
+class _Slot:
+    """One shard's place in an ordered channel."""
+
+    items: collections.deque[tuple[Any, int]]
+    closed: bool = False
+
+
+_END = object()  # marks "stop here" (warn_and_stop / ignore_and_stop) in the stream of items
+
+
+class SampleChannel:
+    """Complete samples waiting for the consumer, bounded through the shared :class:`ByteBudget`.
+
+    Readers ``open_shard()`` (in shard order), ``put()`` samples with their byte size, optionally
+    ``put_error()`` / ``put_stop()``, then ``close_shard()``. The engine calls ``finish()`` when no shard
+    will be opened any more. The consumer calls ``get_many()``, which returns ``(items, done)``; an item is
+    a sample, or an exception instance to raise at that position.
+    """
+
+    def __init__(self, budget: ByteBudget, *, ordered: bool) -> None:
+        self.budget = budget
+        self.ordered = ordered
+        self._ready: collections.deque[tuple[Any, int]] = collections.deque()
+        self._slots: collections.deque[tuple[object, _Slot]] = collections.deque()
+        self._slot_of: dict[object, _Slot] = {}
+        self._finished = False
+        self._abandoned = False
+        self._stopped = False
+        self._getter: asyncio.Future[None] | None = None
+        self.delivered_samples = 0
+
+    # -- reader side -------------------------------------------------------------------------
+    def open_shard(self, token: object) -> None:
+        if self.ordered:
+            slot = _Slot(collections.deque())
+            self._slots.append((token, slot))
+            self._slot_of[token] = slot
+
+    def put(self, token: object, sample: Any, nbytes: int) -> None:
+        """Queue one sample whose ``nbytes`` the caller already accounted in the budget."""
+        if self._abandoned:
+            raise ChannelClosed()
+        queue = self._slot_of[token].items if self.ordered else self._ready
+        queue.append((sample, nbytes))
+        self.budget.clear_overdraft()
+        self._notify()
+
+    def put_error(self, token: object, error: BaseException) -> None:
+        """Deliver ``error`` to the consumer at this position; the channel ends after it."""
+        if self._abandoned:
+            return
+        queue = self._slot_of[token].items if self.ordered else self._ready
+        queue.append((error, 0))
+        self._notify()
+
+    def put_stop(self, token: object) -> None:
+        """End the data at this position (the handler asked to stop)."""
+        if self._abandoned:
+            return
+        queue = self._slot_of[token].items if self.ordered else self._ready
+        queue.append((_END, 0))
+        self._notify()
+
+    def close_shard(self, token: object) -> None:
+        if self.ordered:
+            self._slot_of[token].closed = True
+            self._notify()
+
+    def finish(self) -> None:
+        """No more shards will be opened."""
+        self._finished = True
+        self._notify()
+
+    def starving_for(self, token: object) -> bool:
+        """True when the consumer has nothing deliverable and ``token``'s bytes could feed it."""
+        if self.ordered:
+            self._advance()
+            return bool(self._slots) and self._slots[0][0] is token and not self._slots[0][1].items
+        return not self._ready
+
+    @property
+    def abandoned(self) -> bool:
+        return self._abandoned
+
+    def abandon(self) -> None:
+        """The consumer is gone: drop everything and refuse new samples."""
+        self._abandoned = True
+        dropped = sum(n for _, n in self._ready)
+        for _, slot in self._slots:
+            dropped += sum(n for _, n in slot.items)
+        self._ready.clear()
+        self._slots.clear()
+        self._slot_of.clear()
+        self.budget.release(dropped)
+        self._notify()
+
+    # -- consumer side -----------------------------------------------------------------------
+    def _advance(self) -> None:
+        """Ordered mode: drop finished, empty head slots."""
+        while self._slots and self._slots[0][1].closed and not self._slots[0][1].items:
+            token, _ = self._slots.popleft()
+            del self._slot_of[token]
+
+    def _head(self) -> collections.deque[tuple[Any, int]] | None:
+        if not self.ordered:
+            return self._ready
+        self._advance()
+        return self._slots[0][1].items if self._slots else None
+
+    def _done(self) -> bool:
+        if self._stopped or self._abandoned:
+            return True
+        if not self._finished:
+            return False
+        if self.ordered:
+            self._advance()
+            return not self._slots
+        return not self._ready
+
+    def _notify(self) -> None:
+        if self._getter is not None and not self._getter.done():
+            self._getter.set_result(None)
+
+    async def get_many(self, max_items: int, max_bytes: int) -> tuple[list[Any], bool]:
+        """Wait for at least one item (or the end) and return up to the given amounts.
+
+        Returns ``(items, done)``; ``done`` means no item will ever follow.
+        """
+        while True:
+            head = self._head()
+            if head:
+                break
+            if self._done():
+                return [], True
+            # Starving: readers blocked on the budget may now overdraft to finish a sample.
+            self.budget.wake()
+            self._getter = asyncio.get_running_loop().create_future()
+            try:
+                await self._getter
+            finally:
+                self._getter = None
+        items: list[Any] = []
+        taken_bytes = 0
+        while head and len(items) < max_items and (not items or taken_bytes + head[0][1] <= max_bytes):
+            item, nbytes = head.popleft()
+            if item is _END:
+                self._stopped = True
+                break
+            items.append(item)
+            taken_bytes += nbytes
+            if isinstance(item, BaseException):
+                self._stopped = True
+                break
+            if self.ordered and not head:
+                head = self._head()
+        self.budget.release(taken_bytes)
+        self.delivered_samples += len(items)
+        return items, self._done()
+
+    def statistics(self) -> dict[str, int]:
+        queued = len(self._ready) + sum(len(s.items) for _, s in self._slots)
+        return {"queued_items": queued, "open_shards": len(self._slots)}

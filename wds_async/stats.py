@@ -1,0 +1,74 @@
+"""Throughput counters shared by the engine (writer, loop thread) and the consumer (reader).
+
+Plain integer and float attributes: the loop thread increments them, any thread may read a slightly
+stale snapshot. ``snapshot()`` derives the rates.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Stats"]
+
+
+@dataclass
+class Stats:
+    """Counters of one iteration (one process or DataLoader worker)."""
+
+    started: float = field(default_factory=time.perf_counter)
+    bytes_read: int = 0            # bytes received from sources (compressed size for .tar.gz)
+    samples_read: int = 0          # samples completed by the engine
+    samples_delivered: int = 0     # samples handed to the consumer thread
+    shards_total: int = 0
+    shards_done: int = 0
+    shards_in_flight: int = 0
+    shards_skipped: int = 0
+    samples_skipped: int = 0
+    retries: int = 0
+    wait_seconds: float = 0.0      # consumer time spent blocked on the engine: the starvation signal
+    buffered_bytes: int = 0
+    buffer_limit: int = 0
+    peak_buffered_bytes: int = 0
+    finished: float | None = None
+    #: The engine's live byte budget, read for current/peak buffered bytes (set by the engine).
+    budget: Any = field(default=None, repr=False, compare=False)
+
+    def snapshot(self) -> dict[str, Any]:
+        """A dict of counters plus derived rates (MB/s uses 10**6 bytes)."""
+        if self.budget is not None:
+            self.buffered_bytes = self.budget.used
+            self.peak_buffered_bytes = self.budget.peak
+        end = self.finished if self.finished is not None else time.perf_counter()
+        elapsed = max(end - self.started, 1e-9)
+        return {
+            "elapsed_s": round(elapsed, 3),
+            "mb_per_s": round(self.bytes_read / elapsed / 1e6, 2),
+            "samples_per_s": round(self.samples_delivered / elapsed, 1),
+            "bytes_read": self.bytes_read,
+            "samples_read": self.samples_read,
+            "samples_delivered": self.samples_delivered,
+            "buffered_bytes": self.buffered_bytes,
+            "buffer_limit": self.buffer_limit,
+            "peak_buffered_bytes": self.peak_buffered_bytes,
+            "shards_total": self.shards_total,
+            "shards_done": self.shards_done,
+            "shards_in_flight": self.shards_in_flight,
+            "shards_skipped": self.shards_skipped,
+            "samples_skipped": self.samples_skipped,
+            "retries": self.retries,
+            "wait_s": round(self.wait_seconds, 3),
+            "wait_fraction": round(self.wait_seconds / elapsed, 3),
+        }
+
+    def line(self) -> str:
+        """One log line."""
+        s = self.snapshot()
+        return (
+            f"{s['mb_per_s']:.1f} MB/s, {s['samples_per_s']:.0f} samples/s, "
+            f"buffered {s['buffered_bytes'] / 1e6:.1f}/{s['buffer_limit'] / 1e6:.0f} MB, "
+            f"shards {s['shards_done']}/{s['shards_total']} done, {s['shards_in_flight']} in flight, "
+            f"{s['retries']} retries, {s['shards_skipped']} shards and {s['samples_skipped']} samples skipped, "
+            f"consumer waited {s['wait_s']:.1f} s ({100 * s['wait_fraction']:.0f}%)"
+        )
