@@ -42,7 +42,7 @@ _MAX_META = 1 << 20  # largest PAX or GNU long-name payload we agree to buffer
 _REGULAR = frozenset(b"0\x007")  # typeflags of regular files (as ints)
 _NO_DATA = frozenset(b"123456")  # links, devices, dirs, fifos: like tarfile, ignore their size field
 _PAX = frozenset(b"xX")
-_GLOBAL, _LONGNAME, _LONGLINK, _SPARSE = b"gLKS"
+_GLOBAL, _LONGNAME, _LONGLINK, _SPARSE, _DIRTYPE = b"gLKS5"
 _OCTAL = b"01234567"
 _CONTROL = bytes(range(1, 32)) + b"\x7f"
 _MAGICS = (b"ustar\x00", b"ustar ", bytes(6))
@@ -83,7 +83,7 @@ def _looks_like_tar(buf: bytes | bytearray) -> bool:
 def _header_name(block: bytes) -> str:
     name = block[:100].split(b"\0", 1)[0]
     if block[257:263] == b"ustar\x00":  # POSIX ustar: the prefix field extends the name
-        prefix = block[345:500].split(b"\0", 1)[0]
+        prefix = b""
         if prefix:
             name = prefix + b"/" + name
     return name.decode("utf-8", "surrogateescape")
@@ -290,11 +290,11 @@ class TarParser:
             size = self._next_size
         entry_off = off if self._prefix_off is None else self._prefix_off
         self._prefix_off = self._next_name = self._next_size = None
+        if flag == 0 and _header_name(block).endswith("/"):
+            flag = _DIRTYPE  # an old V7 archive's way to say directory
         if flag in _NO_DATA:
             size = 0
-        # Old V7 archives mark a directory as a regular file whose name ends with a slash.
-        regular = flag in _REGULAR and not (flag == 0 and _header_name(block).endswith("/"))
-        self._begin(_FILE if regular else _SKIP, size, name, entry_off, out)
+        self._begin(_FILE if flag in _REGULAR else _SKIP, size, name, entry_off, out)
 
     def _begin(self, kind: int, size: int, name: str, off: int, out: list[Member]) -> None:
         self._kind, self._name, self._entry_off, self._size = kind, name, off, size

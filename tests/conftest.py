@@ -1,0 +1,80 @@
+"""Shared fixtures: small synthetic shards, the emulated store on 127.0.0.1, leak probes."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from benchmarks.make_shards import make_shards
+from benchmarks.store import Knobs, StoreProcess
+
+N_SHARDS = 8
+
+
+@pytest.fixture(autouse=True)
+def _scrub_cloud_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test may pick up a developer's real credentials or endpoints."""
+    for name in list(os.environ):
+        if name.startswith(("AWS_", "GOOGLE_", "AZURE_", "STORAGE_EMULATOR", "WDS_ASYNC_")):
+            monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(scope="session")
+def shard_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """8 shards of ~256 KiB with ~8 KiB samples, plus manifest.json (expected sample counts)."""
+    root = tmp_path_factory.mktemp("shards")
+    make_shards(root, n_shards=N_SHARDS, shard_bytes=256 << 10, sample_bytes=8 << 10, seed=1)
+    return root
+
+
+@pytest.fixture(scope="session")
+def manifest(shard_dir: Path) -> dict:  # type: ignore[type-arg]
+    return json.loads((shard_dir / "manifest.json").read_text())  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="session")
+def store(shard_dir: Path) -> Iterator[StoreProcess]:
+    """The emulated object store serving ``shard_dir`` (knobs per request via URL query)."""
+    with StoreProcess(shard_dir, Knobs(seed=7)) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def pattern(store: StoreProcess) -> str:
+    return store.base_url + "shard-{000000..%06d}.tar" % (N_SHARDS - 1)
+
+
+def write_tar(path: Path, members: list[tuple[str, bytes]], fmt: int = tarfile.GNU_FORMAT) -> Path:
+    """A tar at ``path`` holding ``members`` (name, data) in order."""
+    with tarfile.open(path, "w", format=fmt) as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return path
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def wait_until(predicate, timeout: float = 5.0) -> bool:  # type: ignore[no-untyped-def]
+    """Poll ``predicate`` until true or ``timeout``; cleanup is asynchronous in places (reaping)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return bool(predicate())
+
+
+def engine_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "wds-async-engine"]

@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+import pytest
+
+from wds_async.errors import SampleError, WdsError
+from wds_async.grouping import Grouper, Sample, split_key
+from wds_async.tarstream import Member
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("a.jpg", ("a", "jpg")),
+        ("dir/a.seg.png", ("dir/a", "seg.png")),
+        ("d.x/y/img.JPG", ("d.x/y/img", "JPG")),
+        ("noext", None),
+        ("dir.x/noext", None),
+        (".hidden", None),
+    ],
+)
+def test_split_key(name: str, expected: tuple[str, str] | None) -> None:
+    assert split_key(name) == expected
+
+
+def _members(*names: str) -> list[Member]:
+    return [Member(name, i * 1024, name.encode()) for i, name in enumerate(names)]
+
+
+def _raise(err: WdsError) -> None:
+    raise err
+
+
+def test_groups_consecutive_members_and_lowercases() -> None:
+    g = Grouper("u", _raise)
+    out = g.push(_members("a.jpg", "a.CLS", "b.jpg", "__MACOSX/a.jpg", "dir/._b.jpg", "__meta__", "b.json"))
+    out += g.finish()
+    assert [dict(s) for s in out] == [
+        {"__key__": "a", "__url__": "u", "jpg": b"a.jpg", "cls": b"a.CLS"},
+        {"__key__": "b", "__url__": "u", "jpg": b"b.jpg", "json": b"b.json"},
+    ]
+    assert [(s.url, s.offset) for s in out] == [("u", 0), ("u", 2048)]
+
+
+def test_repeated_extension_routed_to_handler() -> None:
+    errors: list[WdsError] = []
+    g = Grouper("u", errors.append)
+    out = g.push(_members("a.jpg", "a.jpg", "a.cls", "b.jpg")) + g.finish()
+    assert [s["__key__"] for s in out] == ["b"]  # the whole bad sample is dropped
+    assert isinstance(errors[0], SampleError) and errors[0].member == "a.jpg" and errors[0].url == "u"
+    with pytest.raises(SampleError, match="repeated extension 'jpg'"):
+        Grouper("u", _raise).push(_members("a.jpg", "a.jpg"))
+
+
+def test_pending_bytes_tracks_partial_sample() -> None:
+    g = Grouper("u", _raise)
+    g.push(_members("a.jpg", "a.cls"))
+    assert g.pending_bytes == len(b"a.jpg") + len(b"a.cls")
+    g.finish()
+    assert g.pending_bytes == 0
+
+
+def test_sample_pickles_with_position() -> None:
+    import pickle
+
+    s = Sample(__key__="k", jpg=b"x")
+    s.url, s.offset = "u", 512
+    t = pickle.loads(pickle.dumps(s))
+    assert t == s and (t.url, t.offset) == ("u", 512) and isinstance(t, dict)
