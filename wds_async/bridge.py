@@ -18,7 +18,6 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import os
 import threading
@@ -79,7 +78,6 @@ class Bridge:
         self._stop_event: asyncio.Event | None = None
         self._ready = threading.Event()
         self._startup_error: BaseException | None = None
-        self._pending: concurrent.futures.Future[Any] | None = None
         self._closed = False
 
     # -- loop thread ---------------------------------------------------------------------------
@@ -130,48 +128,50 @@ class Bridge:
 
     # -- consumer thread -----------------------------------------------------------------------
     def batches(self) -> Iterator[list[Any]]:
-        """Yield lists of items (samples, or exceptions to raise) until the engine is done."""
-        if self._channel is None or self._loop is None:
+        """Yield lists of items (samples, or exceptions to raise) until the engine is done.
+
+        Items are taken straight from the channel under its lock; the loop thread is only *notified*
+        (bytes released, waiters woken), so a busy loop never delays the consumer.
+        """
+        if self._channel is None or self._loop is None or self._thread is None:
             raise RuntimeError("Bridge.batches() before start()")
-        channel, loop, stats = self._channel, self._loop, self._stats
+        channel, loop, stats, thread = self._channel, self._loop, self._stats, self._thread
+        budget = channel.budget
         max_items, max_bytes = self._config.handoff_max_samples, self._config.handoff_bytes
+
+        def release(nbytes: int) -> None:
+            self._call_soon(budget.release, nbytes)
+
+        def starving() -> None:
+            self._call_soon(budget.wake)
+
         while True:
             if os.getpid() != self._pid:
                 raise RuntimeError("a wds-async iterator cannot be used across fork(); create it in the child")
             started = time.perf_counter()
-            try:
-                future = asyncio.run_coroutine_threadsafe(channel.get_many(max_items, max_bytes), loop)
-            except RuntimeError:  # loop closed under us
+            items, done = channel.take(max_items, max_bytes, _POLL, release, starving)
+            if not items and not done and not thread.is_alive():
                 raise RuntimeError("the wds-async engine thread stopped unexpectedly") from self._startup_error
-            self._pending = future
-            try:
-                items, done = self._wait(future)
-            finally:
-                self._pending = None
-                stats.wait_seconds += time.perf_counter() - started
+            stats.wait_seconds += time.perf_counter() - started
             stats.samples_delivered += len(items)
             if items:
                 yield items
             if done:
                 return
 
-    def _wait(self, future: concurrent.futures.Future[Any]) -> Any:
-        assert self._thread is not None
-        while True:
+    def _call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
             try:
-                return future.result(timeout=_POLL)
-            except concurrent.futures.TimeoutError:
-                if not self._thread.is_alive():
-                    raise RuntimeError("the wds-async engine thread stopped unexpectedly") from self._startup_error
+                loop.call_soon_threadsafe(fn, *args)
+            except RuntimeError:  # closed between the check and the call
+                pass
 
     def close(self) -> None:
         """Stop the engine, release every resource and join the loop thread. Idempotent."""
         if self._closed or os.getpid() != self._pid:
             return
         self._closed = True
-        pending = self._pending
-        if pending is not None:
-            pending.cancel()
         loop, thread = self._loop, self._thread
         if loop is not None and self._stop_event is not None and not loop.is_closed():
             try:

@@ -56,7 +56,7 @@ class EngineConfig:
         retry: the retry policy for transient errors.
     """
 
-    max_connections: int = 16
+    max_connections: int = 32
     max_buffered_bytes: int = 256 * MiB
     chunk_bytes: int = 1 * MiB
     handoff_max_samples: int = 1024

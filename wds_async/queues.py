@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,7 +92,7 @@ class ByteBudget:
         return {"used": self.used, "limit": self.limit, "peak": self.peak, "waiting": len(self._waiters)}
 
 
-@dataclass(slots=True)
+@dataclass
 class _Slot:
     """One shard's place in an ordered channel."""
 
@@ -104,10 +106,14 @@ _END = object()  # marks "stop here" (warn_and_stop / ignore_and_stop) in the st
 class SampleChannel:
     """Complete samples waiting for the consumer, bounded through the shared :class:`ByteBudget`.
 
-    Readers ``open_shard()`` (in shard order), ``put()`` samples with their byte size, optionally
-    ``put_error()`` / ``put_stop()``, then ``close_shard()``. The engine calls ``finish()`` when no shard
-    will be opened any more. The consumer calls ``get_many()``, which returns ``(items, done)``; an item is
-    a sample, or an exception instance to raise at that position.
+    Readers (loop thread) ``open_shard()`` in shard order, ``put()`` samples with their byte size,
+    optionally ``put_error()`` / ``put_stop()``, then ``close_shard()``; the engine calls ``finish()`` when
+    no shard will be opened any more. An item is a sample, or an exception to raise at that position.
+
+    The consumer side is thread-safe: :meth:`take` runs in the consumer's thread and takes what is ready
+    under a lock, without a round trip through the (possibly busy) event loop; it only *schedules* the
+    release of the taken bytes on the loop (``release``). Loop-side methods hold the lock only for a deque
+    operation and never wait for the consumer. :meth:`get_many` is the same for a consumer on the loop.
     """
 
     def __init__(self, budget: ByteBudget, *, ordered: bool) -> None:
@@ -119,57 +125,66 @@ class SampleChannel:
         self._finished = False
         self._abandoned = False
         self._stopped = False
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._thread_waiting = False
         self._getter: asyncio.Future[None] | None = None
-        self.delivered_samples = 0
 
-    # -- reader side -------------------------------------------------------------------------
+    # -- reader side (loop thread) -----------------------------------------------------------
     def open_shard(self, token: object) -> None:
         if self.ordered:
             slot = _Slot(collections.deque())
-            self._slots.append((token, slot))
-            self._slot_of[token] = slot
+            with self._lock:
+                self._slots.append((token, slot))
+                self._slot_of[token] = slot
+
+    def _queue_for(self, token: object) -> collections.deque[tuple[Any, int]]:
+        return self._slot_of[token].items if self.ordered else self._ready
 
     def put(self, token: object, sample: Any, nbytes: int) -> None:
         """Queue one sample whose ``nbytes`` the caller already accounted in the budget."""
-        if self._abandoned:
-            raise ChannelClosed()
-        queue = self._slot_of[token].items if self.ordered else self._ready
-        queue.append((sample, nbytes))
+        with self._lock:
+            if self._abandoned:
+                raise ChannelClosed()
+            self._queue_for(token).append((sample, nbytes))
+            self._notify_locked()
         self.budget.clear_overdraft()
-        self._notify()
 
     def put_error(self, token: object, error: BaseException) -> None:
         """Deliver ``error`` to the consumer at this position; the channel ends after it."""
-        if self._abandoned:
-            return
-        queue = self._slot_of[token].items if self.ordered else self._ready
-        queue.append((error, 0))
-        self._notify()
+        self._put_marker(token, error)
 
     def put_stop(self, token: object) -> None:
         """End the data at this position (the handler asked to stop)."""
-        if self._abandoned:
-            return
-        queue = self._slot_of[token].items if self.ordered else self._ready
-        queue.append((_END, 0))
-        self._notify()
+        self._put_marker(token, _END)
+
+    def _put_marker(self, token: object, item: object) -> None:
+        with self._lock:
+            if not self._abandoned:
+                self._queue_for(token).append((item, 0))
+                self._notify_locked()
 
     def close_shard(self, token: object) -> None:
         if self.ordered:
-            self._slot_of[token].closed = True
-            self._notify()
+            with self._lock:
+                slot = self._slot_of.get(token)
+                if slot is not None:
+                    slot.closed = True
+                self._notify_locked()
 
     def finish(self) -> None:
         """No more shards will be opened."""
-        self._finished = True
-        self._notify()
+        with self._lock:
+            self._finished = True
+            self._notify_locked()
 
     def starving_for(self, token: object) -> bool:
         """True when the consumer has nothing deliverable and ``token``'s bytes could feed it."""
-        if self.ordered:
-            self._advance()
-            return bool(self._slots) and self._slots[0][0] is token and not self._slots[0][1].items
-        return not self._ready
+        with self._lock:
+            if self.ordered:
+                self._advance()
+                return bool(self._slots) and self._slots[0][0] is token and not self._slots[0][1].items
+            return not self._ready
 
     @property
     def abandoned(self) -> bool:
@@ -177,19 +192,27 @@ class SampleChannel:
 
     def abandon(self) -> None:
         """The consumer is gone: drop everything and refuse new samples."""
-        self._abandoned = True
-        dropped = sum(n for _, n in self._ready)
-        for _, slot in self._slots:
-            dropped += sum(n for _, n in slot.items)
-        self._ready.clear()
-        self._slots.clear()
-        self._slot_of.clear()
+        with self._lock:
+            self._abandoned = True
+            dropped = sum(n for _, n in self._ready)
+            for _, slot in self._slots:
+                dropped += sum(n for _, n in slot.items)
+            self._ready.clear()
+            self._slots.clear()
+            self._slot_of.clear()
+            self._notify_locked()
         self.budget.release(dropped)
-        self._notify()
+
+    def _notify_locked(self) -> None:
+        if self._thread_waiting:
+            self._cond.notify()
+        getter = self._getter
+        if getter is not None and not getter.done():
+            getter.set_result(None)
 
     # -- consumer side -----------------------------------------------------------------------
     def _advance(self) -> None:
-        """Ordered mode: drop finished, empty head slots."""
+        """Ordered mode: drop finished, empty head slots (lock held)."""
         while self._slots and self._slots[0][1].closed and not self._slots[0][1].items:
             token, _ = self._slots.popleft()
             del self._slot_of[token]
@@ -210,46 +233,64 @@ class SampleChannel:
             return not self._slots
         return not self._ready
 
-    def _notify(self) -> None:
-        if self._getter is not None and not self._getter.done():
-            self._getter.set_result(None)
-
-    async def get_many(self, max_items: int, max_bytes: int) -> tuple[list[Any], bool]:
-        """Wait for at least one item (or the end) and return up to the given amounts.
-
-        Returns ``(items, done)``; ``done`` means no item will ever follow.
-        """
-        while True:
-            head = self._head()
-            if head:
-                break
-            if self._done():
-                return [], True
-            # Starving: readers blocked on the budget may now overdraft to finish a sample.
-            self.budget.wake()
-            self._getter = asyncio.get_running_loop().create_future()
-            try:
-                await self._getter
-            finally:
-                self._getter = None
+    def _take_locked(self, max_items: int, max_bytes: int) -> tuple[list[Any], int]:
         items: list[Any] = []
-        taken_bytes = 0
-        while head and len(items) < max_items and (not items or taken_bytes + head[0][1] <= max_bytes):
+        taken = 0
+        head = self._head()
+        while head and len(items) < max_items and (not items or taken + head[0][1] <= max_bytes):
             item, nbytes = head.popleft()
             if item is _END:
                 self._stopped = True
                 break
             items.append(item)
-            taken_bytes += nbytes
+            taken += nbytes
             if isinstance(item, BaseException):
                 self._stopped = True
                 break
             if self.ordered and not head:
                 head = self._head()
-        self.budget.release(taken_bytes)
-        self.delivered_samples += len(items)
-        return items, self._done()
+        return items, taken
+
+    def take(self, max_items: int, max_bytes: int, timeout: float, release: Callable[[int], None],
+             starving: Callable[[], None]) -> tuple[list[Any], bool]:
+        """Consumer thread: wait up to ``timeout`` for items; return ``(items, done)``.
+
+        ``release(n)`` is called with the bytes taken (it must hand them to the loop thread);
+        ``starving()`` once when nothing is ready (it must wake the budget's waiters on the loop).
+        """
+        with self._cond:
+            items, taken = self._take_locked(max_items, max_bytes)
+            if not items and not self._done():
+                starving()
+                self._thread_waiting = True
+                try:
+                    self._cond.wait(timeout)
+                finally:
+                    self._thread_waiting = False
+                items, taken = self._take_locked(max_items, max_bytes)
+            done = self._done()
+        if taken:
+            release(taken)
+        return items, done
+
+    async def get_many(self, max_items: int, max_bytes: int) -> tuple[list[Any], bool]:
+        """The same for a consumer running on the loop: wait for at least one item or the end."""
+        while True:
+            with self._lock:
+                items, taken = self._take_locked(max_items, max_bytes)
+                done = self._done()
+                if items or done:
+                    break
+                self._getter = asyncio.get_running_loop().create_future()
+            self.budget.wake()  # starving: readers blocked on the budget may overdraft now
+            try:
+                await self._getter
+            finally:
+                self._getter = None
+        self.budget.release(taken)
+        return items, done
 
     def statistics(self) -> dict[str, int]:
-        queued = len(self._ready) + sum(len(s.items) for _, s in self._slots)
-        return {"queued_items": queued, "open_shards": len(self._slots)}
+        with self._lock:
+            queued = len(self._ready) + sum(len(s.items) for _, s in self._slots)
+            return {"queued_items": queued, "open_shards": len(self._slots)}

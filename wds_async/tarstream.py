@@ -62,7 +62,7 @@ class Member:
     data: bytes = field(repr=False)
 
 
-def _excerpt(buf: bytes | bytearray, limit: int = 40) -> str:
+def _excerpt(buf: bytes | bytearray | memoryview, limit: int = 40) -> str:
     text = repr(bytes(buf[:limit]))
     return text[:-1] + "..." + text[-1] if len(buf) > limit else text
 
@@ -83,7 +83,7 @@ def _looks_like_tar(buf: bytes | bytearray) -> bool:
 def _header_name(block: bytes) -> str:
     name = block[:100].split(b"\0", 1)[0]
     if block[257:263] == b"ustar\x00":  # POSIX ustar: the prefix field extends the name
-        prefix = b""
+        prefix = block[345:500].split(b"\0", 1)[0]
         if prefix:
             name = prefix + b"/" + name
     return name.decode("utf-8", "surrogateescape")
@@ -102,15 +102,10 @@ class TarParser:
         self._gz: zlib._Decompress | None = None  # the gzip member being inflated
         self._gz_ignore = False  # archive ended and its gzip member closed: drop all further input
         self._state = _HEADER
-        self._hbuf = bytearray()
+        self._hbuf = bytearray()  # a header block split across chunks
         self._headers = 0  # header blocks parsed so far
-        # The entry whose data is being read.
-        self._kind = _SKIP
-        self._name = ""
-        self._entry_off = 0
-        self._size = 0
-        self._left = 0
-        self._pad = 0
+        # The entry whose data is being read: what for, its name, first header, size, what is left.
+        self._kind, self._name, self._entry_off, self._size, self._left, self._pad = _SKIP, "", 0, 0, 0, 0
         self._parts: list[bytes | memoryview] = []
         self._parts_len = 0
         # What PAX / GNU prefix headers said about the next member.
@@ -170,8 +165,11 @@ class TarParser:
 
     # -- framing ---------------------------------------------------------------------------------
 
-    def _err(self, cls: type[ShardFormatError], message: str, offset: int) -> ShardFormatError:
-        return cls(message, url=self._url, offset=offset)
+    def _bad(self, message: str, offset: int) -> ShardFormatError:
+        return ShardFormatError(message, url=self._url, offset=offset)
+
+    def _cut(self, message: str, offset: int) -> TruncatedShard:
+        return TruncatedShard(message, url=self._url, offset=offset)
 
     def _detect(self, mv: memoryview, out: list[Member]) -> memoryview:
         """Decide between tar and gzip on the first two bytes, holding a lone first byte back."""
@@ -193,11 +191,7 @@ class TarParser:
                     self._sniff = head
                     return
                 if head != _GZIP_MAGIC:  # (after the archive's end _gz_ignore is already set)
-                    raise self._err(
-                        ShardFormatError,
-                        f"bytes after the end of a gzip member are not gzip: {_excerpt(bytes(data))}",
-                        self._pos,
-                    )
+                    raise self._bad(f"bytes after a gzip member are not gzip: {_excerpt(data)}", self._pos)
                 self._gz = zlib.decompressobj(31)
                 if self._sniff:
                     held, self._sniff = self._sniff, b""
@@ -210,7 +204,7 @@ class TarParser:
             try:
                 chunk = gz.decompress(data, _GZIP_STEP)
             except zlib.error as exc:
-                raise self._err(ShardFormatError, f"corrupt gzip stream: {exc}", self._pos) from exc
+                raise self._bad(f"corrupt gzip stream: {exc}", self._pos) from exc
             if chunk and self._state != _DONE:
                 self._tar(memoryview(chunk), out)
             if gz.eof:
@@ -277,14 +271,14 @@ class TarParser:
         size = self._parse_size(block, off)
         if flag in _PAX or flag in (_GLOBAL, _LONGNAME, _LONGLINK):
             if size > _MAX_META:
-                raise self._err(ShardFormatError, f"extended header of {size} bytes is too large", off)
+                raise self._bad(f"extended header of {size} bytes is too large", off)
             if flag != _GLOBAL and self._prefix_off is None:
                 self._prefix_off = off
             kind = _PAX_X if flag in _PAX else _NAME if flag == _LONGNAME else _SKIP
             self._begin(kind, size, "", off, out)
             return
         if flag == _SPARSE:
-            raise self._err(ShardFormatError, "GNU sparse members are not supported", off)
+            raise self._bad("GNU sparse members are not supported", off)
         name = self._next_name if self._next_name is not None else _header_name(block)
         if self._next_size is not None:
             size = self._next_size
@@ -334,17 +328,17 @@ class TarParser:
             problem = f"tar header has a non-octal checksum field {raw!r}"
         if first and not _looks_like_tar(block):
             problem = f"the bytes are not a tar archive; they start with {_excerpt(block)}"
-        raise self._err(ShardFormatError, problem, off)
+        raise self._bad(problem, off)
 
     def _parse_size(self, block: bytes, off: int) -> int:
         raw = block[124:136]
         if raw[0] & 0x80:  # GNU base-256: 0x80 then a big-endian number; 0xff would be negative
             if raw[0] == 0x80:
                 return int.from_bytes(raw[1:], "big")
-            raise self._err(ShardFormatError, f"tar header has an impossible size field {raw!r}", off)
+            raise self._bad(f"tar header has an impossible size field {raw!r}", off)
         digits = raw.split(b"\0", 1)[0].strip(b" ")
         if digits.translate(None, _OCTAL):
-            raise self._err(ShardFormatError, f"tar header has a non-octal size field {raw!r}", off)
+            raise self._bad(f"tar header has a non-octal size field {raw!r}", off)
         return int(digits, 8) if digits else 0
 
     def _apply_pax(self, data: bytes) -> None:
@@ -355,59 +349,53 @@ class TarParser:
             space = data.find(b" ", pos, pos + 20)
             digits = data[pos:space] if space > pos else b""
             stop = pos + int(digits) if digits.isdigit() else -1
-            if stop <= space + 1 or stop > end or data[stop - 1] != 0x0A:
-                raise self._err(ShardFormatError, f"bad PAX record {_excerpt(data[pos:])}", self._entry_off)
             key, eq, value = data[space + 1 : stop - 1].partition(b"=")
-            if not eq or not key:
-                raise self._err(ShardFormatError, f"bad PAX record {_excerpt(data[pos:])}", self._entry_off)
+            if stop <= space + 1 or stop > end or data[stop - 1] != 0x0A or not eq or not key:
+                raise self._bad(f"bad PAX record {_excerpt(data[pos:])}", self._entry_off)
             records[key] = value
             pos = stop
         if any(key.startswith(b"GNU.sparse.") for key in records):
-            raise self._err(ShardFormatError, "GNU sparse members are not supported", self._entry_off)
+            raise self._bad("GNU sparse members are not supported", self._entry_off)
         path = records.get(b"path")
         if path and self._next_name is None:  # like tarfile, the first header of a chain wins
             self._next_name = path.decode("utf-8", "surrogateescape").rstrip("/")
         size = records.get(b"size")
         if size is not None:
             if not size.isdigit():
-                raise self._err(ShardFormatError, f"bad PAX size {size!r}", self._entry_off)
+                raise self._bad(f"bad PAX size {size!r}", self._entry_off)
             if self._next_size is None:
                 self._next_size = int(size)
 
     # -- end of stream ---------------------------------------------------------------------------
 
     def _check_end(self) -> None:
-        if self._gzip is None:
+        if self._gzip is None:  # fewer than two bytes ever arrived
             if not self._sniff:
-                raise self._err(TruncatedShard, "empty shard: 0 bytes", self._start)
-            self._gzip = False
-            held, self._sniff = self._sniff, b""
+                raise self._cut("empty shard: 0 bytes", self._start)
+            self._gzip, held, self._sniff = False, self._sniff, b""
             self._tar(memoryview(held), [])
         elif self._gzip and self._gz is not None:
-            raise self._err(TruncatedShard, "stream ended inside a gzip member; the gzip stream is truncated", self._pos)
-        state = self._state
-        if state == _DONE:
+            raise self._cut("stream ended inside a gzip member; the gzip stream is truncated", self._pos)
+        if self._state == _DONE:
             return
-        if state == _HEADER:
+        if self._state == _HEADER:
             got = len(self._hbuf)
+            if got and not self._headers and not _looks_like_tar(self._hbuf):
+                raise self._bad(f"the bytes are not a tar archive: {_excerpt(self._hbuf)}", self._pos - got)
             if got:
-                if not self._headers and not _looks_like_tar(self._hbuf):
-                    msg = f"the bytes are not a tar archive; they are {_excerpt(self._hbuf)}"
-                    raise self._err(ShardFormatError, msg, self._pos - got)
                 msg = f"stream ended {got} bytes into a 512-byte tar header ({_excerpt(self._hbuf, 20)})"
-                raise self._err(TruncatedShard, msg, self._pos - got)
+                raise self._cut(msg, self._pos - got)
             if self._pos == self._start:
-                msg = "empty shard: 0 bytes" + (" after gzip decompression" if self._gzip else "")
-                raise self._err(TruncatedShard, msg, self._start)
+                raise self._cut("empty shard: 0 bytes" + " after gzip decompression" * self._gzip, self._pos)
             if self._prefix_off is not None:
                 msg = "stream ended after the PAX/GNU extended headers of a member, before the member"
-                raise self._err(TruncatedShard, msg, self._prefix_off)
+                raise self._cut(msg, self._prefix_off)
             msg = "stream ended without the tar end-of-archive marker; the shard is truncated at a member boundary"
-            raise self._err(TruncatedShard, msg, self._pos)
-        what = {_FILE: f"member {self._name!r}", _PAX_X: "a PAX extended header", _NAME: "a GNU long-name header"}
-        entry = what.get(self._kind, f"entry {self._name!r}" if self._name else "an extended header")
-        if state == _DATA:
+            raise self._cut(msg, self._pos)
+        names = {_FILE: f"member {self._name!r}", _PAX_X: "a PAX extended header", _NAME: "a GNU long name"}
+        entry = names.get(self._kind, f"entry {self._name!r}" if self._name else "an extended header")
+        if self._state == _DATA:
             msg = f"stream ended {self._size - self._left} bytes into {entry} of {self._size} bytes"
         else:
-            msg = f"stream ended in the padding after {entry} ({self._pad} of {-self._size % _BLOCK} bytes missing)"
-        raise self._err(TruncatedShard, msg, self._entry_off)
+            msg = f"stream ended in the padding after {entry} ({self._pad} of {-self._size % _BLOCK} missing)"
+        raise self._cut(msg, self._entry_off)
