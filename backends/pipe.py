@@ -136,6 +136,12 @@ class PipeBackend:
                     continue
         with suppress(ProcessLookupError):
             await proc.wait()
+        # A reaped process can still hold its stdout pipe transport open (unread data, no EOF yet); the
+        # loop cannot close with it (uvloop: EBUSY) and its fd would leak. asyncio's Process offers no
+        # public close, so close its transport, which closes the pipes (both asyncio and uvloop).
+        transport = getattr(proc, "_transport", None)
+        if transport is not None:
+            transport.close()
 
     async def size(self, url: str) -> int | None:
         return None

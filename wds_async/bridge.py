@@ -93,14 +93,20 @@ class Bridge:
         self._loop = loop
         try:
             loop.run_until_complete(self._main())
-        except BaseException as exc:  # noqa: BLE001 - reported to the consumer below
+        except BaseException as exc:  # noqa: BLE001 - reported to the consumer via _startup_error
             self._startup_error = self._startup_error or exc
+            log.debug("wds-async engine loop ended with an error", exc_info=True)
         finally:
             try:
                 loop.run_until_complete(loop.shutdown_asyncgens())
                 loop.run_until_complete(loop.shutdown_default_executor())
+            except BaseException:  # noqa: BLE001 - never let shutdown kill the thread noisily
+                log.debug("wds-async engine loop shutdown error", exc_info=True)
             finally:
-                loop.close()
+                try:
+                    loop.close()
+                except OSError:  # a handle still open; logged so a leak is visible, not fatal to the thread
+                    log.warning("wds-async engine loop closed with resources still open", exc_info=True)
                 self._ready.set()
 
     async def _main(self) -> None:

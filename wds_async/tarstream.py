@@ -14,8 +14,9 @@ Invariants:
   gathered in a buffer of at most 511 bytes; member data is kept as a list of slices and joined once, so
   a member costs one copy however it was chunked.
 * ``pending_bytes`` counts every byte the parser retains (partial header, member data, an undecided
-  magic byte); it is 0 at each member boundary. Slices of a mutable input buffer are copied before
-  ``feed`` returns, so the caller may reuse its buffer.
+  magic byte); it is 0 at each member boundary. A kept slice keeps its whole chunk alive, so the memory
+  held exceeds it by less than one chunk. Slices of a mutable input buffer are copied before ``feed``
+  returns, so the caller may reuse its buffer.
 * Gzip is recognised by its magic bytes, never by name. One zlib call yields at most ``_GZIP_STEP``
   bytes, which bounds memory per step against compression bombs.
 * The first all-zero block ends the archive and the bytes after it are ignored (the gzip member that
@@ -139,8 +140,14 @@ class TarParser:
         if not mv.nbytes:
             return out
         try:
-            if self._gzip is None:
-                mv = self._detect(mv, out)
+            if self._gzip is None:  # decide on the first two bytes, holding a lone first byte back
+                if len(self._sniff) + len(mv) < 2:
+                    self._sniff += mv.tobytes()
+                    return out
+                self._gzip = (self._sniff + mv[:2].tobytes())[:2] == _GZIP_MAGIC
+                if self._sniff and not self._gzip:  # (in gzip mode _gunzip takes the held byte)
+                    self._tar(memoryview(self._sniff), out)
+                    self._sniff = b""
             if self._gzip:
                 self._gunzip(mv, out)
             else:
@@ -170,17 +177,6 @@ class TarParser:
 
     def _cut(self, message: str, offset: int) -> TruncatedShard:
         return TruncatedShard(message, url=self._url, offset=offset)
-
-    def _detect(self, mv: memoryview, out: list[Member]) -> memoryview:
-        """Decide between tar and gzip on the first two bytes, holding a lone first byte back."""
-        if len(self._sniff) + len(mv) < 2:
-            self._sniff += mv.tobytes()
-            return mv[:0]
-        self._gzip = (self._sniff + mv[:2].tobytes())[:2] == _GZIP_MAGIC
-        if self._sniff and not self._gzip:  # in gzip mode _gunzip takes the held byte
-            held, self._sniff = self._sniff, b""
-            self._tar(memoryview(held), out)
-        return mv
 
     def _gunzip(self, mv: memoryview, out: list[Member]) -> None:
         data: bytes | memoryview = mv
@@ -291,8 +287,7 @@ class TarParser:
         self._begin(_FILE if flag in _REGULAR else _SKIP, size, name, entry_off, out)
 
     def _begin(self, kind: int, size: int, name: str, off: int, out: list[Member]) -> None:
-        self._kind, self._name, self._entry_off, self._size = kind, name, off, size
-        self._left = size
+        self._kind, self._name, self._entry_off, self._size, self._left = kind, name, off, size, size
         self._pad = -size % _BLOCK
         if size:
             self._state = _DATA
@@ -386,12 +381,13 @@ class TarParser:
                 msg = f"stream ended {got} bytes into a 512-byte tar header ({_excerpt(self._hbuf, 20)})"
                 raise self._cut(msg, self._pos - got)
             if self._pos == self._start:
-                raise self._cut("empty shard: 0 bytes" + " after gzip decompression" * self._gzip, self._pos)
+                msg = "empty shard: 0 bytes" + (" after gzip decompression" if self._gzip else "")
+                raise self._cut(msg, self._pos)
             if self._prefix_off is not None:
                 msg = "stream ended after the PAX/GNU extended headers of a member, before the member"
                 raise self._cut(msg, self._prefix_off)
-            msg = "stream ended without the tar end-of-archive marker; the shard is truncated at a member boundary"
-            raise self._cut(msg, self._pos)
+            msg = "stream ended without the tar end-of-archive marker; the shard is truncated at a member"
+            raise self._cut(msg + " boundary", self._pos)
         names = {_FILE: f"member {self._name!r}", _PAX_X: "a PAX extended header", _NAME: "a GNU long name"}
         entry = names.get(self._kind, f"entry {self._name!r}" if self._name else "an extended header")
         if self._state == _DATA:
