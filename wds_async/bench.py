@@ -17,7 +17,6 @@ baseline. Nothing here is a pass/fail assertion: the figures go to the README an
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import resource

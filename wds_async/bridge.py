@@ -141,7 +141,7 @@ class Bridge:
         """
         if self._channel is None or self._loop is None or self._thread is None:
             raise RuntimeError("Bridge.batches() before start()")
-        channel, loop, stats, thread = self._channel, self._loop, self._stats, self._thread
+        channel, stats, thread = self._channel, self._stats, self._thread
         budget = channel.budget
         max_items, max_bytes = self._config.handoff_max_samples, self._config.handoff_bytes
 

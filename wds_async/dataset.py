@@ -16,7 +16,7 @@ import copy
 import functools
 import os
 import random
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -150,7 +150,7 @@ class WebDataset(IterableDataset):  # type: ignore[type-arg]
         return urls
 
     # -- iteration ---------------------------------------------------------------------------
-    def _samples(self) -> Iterator[Any]:
+    def _samples(self) -> Generator[Any, None, None]:
         urls = self.shard_list()
         stats = Stats()
         self._stats_box[0] = stats
