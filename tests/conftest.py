@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.make_shards import make_shards
-from benchmarks.store import Knobs, StoreProcess
+from benchmarks.store import Knobs
+from benchmarks.store_process import StoreProcess
 
 N_SHARDS = 8
 

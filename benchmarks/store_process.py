@@ -1,0 +1,143 @@
+"""Run the emulated store (:mod:`benchmarks.store`) in a child process for tests and benchmarks.
+
+    with StoreProcess(root, Knobs(ttfb=0.05)) as store:
+        store.url("shard-000000.tar", bw=20e6)   # per-request knobs as query parameters
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from benchmarks.store import Knobs, check_host
+
+__all__ = ["StoreProcess"]
+
+_REPO_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+class StoreProcess:
+    """Run the store in a child process for the duration of a ``with`` block.
+
+    The child is started with ``sys.executable -m benchmarks.store`` from the repository root and is
+    terminated (then killed after 3 s) on exit; it also exits by itself if this process dies.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], knobs: Knobs = Knobs(), *, host: str = "127.0.0.1",
+                 verbose: bool = False, startup_timeout: float = 20.0) -> None:
+        self.root = Path(root)
+        self.knobs = knobs
+        self.host = check_host(host)
+        self.verbose = verbose
+        self.startup_timeout = startup_timeout
+        self.port: int | None = None
+        self.stderr = ""  # the child's stderr, filled in by close()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._tmp: str | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self._proc is None else self._proc.returncode
+
+    def __enter__(self) -> StoreProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        if self._proc is not None:
+            raise RuntimeError("StoreProcess is already started")
+        self._tmp = tempfile.mkdtemp(prefix="wds-store-")
+        port_file = os.path.join(self._tmp, "port")
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_REPO_ROOT, env.get("PYTHONPATH")]))
+        cmd = [sys.executable, "-m", "benchmarks.store", "--root", str(self.root), "--host", self.host,
+               "--port", "0", "--port-file", port_file, "--exit-with-parent", *self.knobs.to_args()]
+        if self.verbose:
+            cmd.append("--verbose")
+        try:
+            with open(os.path.join(self._tmp, "stderr"), "wb") as err:
+                self._proc = subprocess.Popen(cmd, cwd=_REPO_ROOT, env=env, stdin=subprocess.DEVNULL,
+                                              stdout=subprocess.DEVNULL, stderr=err)
+            self.port = self._wait_ready(self._proc, port_file)
+        except BaseException:
+            self.close()
+            raise
+
+    def _wait_ready(self, proc: subprocess.Popen[bytes], port_file: str) -> int:
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            rc = proc.poll()
+            if rc is not None:
+                raise RuntimeError(f"store process exited with status {rc} before it was ready; "
+                                   f"stderr:\n{self._read_stderr()}")
+            try:
+                with open(port_file) as f:
+                    return int(f.read())
+            except FileNotFoundError:
+                time.sleep(0.02)
+        raise TimeoutError(f"store process not ready after {self.startup_timeout} s; "
+                           f"stderr:\n{self._read_stderr()}")
+
+    def _read_stderr(self) -> str:
+        if self._tmp is None:
+            return ""
+        try:
+            with open(os.path.join(self._tmp, "stderr"), errors="replace") as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
+
+    def close(self) -> None:
+        """Stop the child (SIGTERM, then SIGKILL after 3 s) and reap it; idempotent."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(3)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self._tmp is not None:
+            self.stderr = self._read_stderr()
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+    @property
+    def base_url(self) -> str:
+        if self.port is None:
+            raise RuntimeError("StoreProcess is not running")
+        return f"http://{self.host}:{self.port}/"
+
+    def url(self, name: str = "", **query: object) -> str:
+        """The URL of ``name``; keyword arguments become per-request knobs, e.g. ``ttfb=0.05``."""
+        url = self.base_url + urllib.parse.quote(name.lstrip("/"))
+        if query:
+            url += "?" + urllib.parse.urlencode({k: _query_value(v) for k, v in query.items()})
+        return url
+
+    def stats(self) -> dict[str, Any]:
+        """The server's counters (``GET /_stats``), fetched synchronously."""
+        with urllib.request.urlopen(self.url("_stats"), timeout=10) as resp:
+            return json.loads(resp.read())  # type: ignore[no-any-return]
+
+
+def _query_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return repr(value) if isinstance(value, float) else str(value)
