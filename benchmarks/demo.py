@@ -35,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bw", type=float, default=20e6, help="bytes/s per connection")
     parser.add_argument("-c", "--connections", type=int, default=16)
     parser.add_argument("--no-webdataset", action="store_true", help="skip the webdataset comparison")
+    parser.add_argument("--faults", default="drop_rate=0.05&fail_rate=0.05",
+                        help="store knobs for the extra loader run under faults ('' to skip)")
     parser.add_argument("--json", help="write the rows as JSON here")
     args = parser.parse_args(argv)
 
@@ -49,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench: wds-async bench '{pattern}' -c {args.connections}"
               f"{'' if args.no_webdataset else ' --vs-webdataset'}", flush=True)
         rows = run_bench(expand_urls(pattern), connections=args.connections,
-                         vs_webdataset=not args.no_webdataset)
+                         vs_webdataset=not args.no_webdataset, faults=args.faults or None)
         server_cpu = sum(server.cpu_times()[:2]) - cpu0
     print()
     print(format_table(rows))

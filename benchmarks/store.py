@@ -9,7 +9,8 @@ It stands in for S3/GCS/Azure in tests and benchmarks, with faults and slowness 
 
 Server knobs (`Knobs`, CLI flags, and query parameters of the same names): ``ttfb``, ``bw``,
 ``total_bw`` (server-wide only), ``fail_rate``, ``drop_rate``, ``ignore_range``, ``seed``.
-Per-request only: ``status`` (force a status), ``stall`` (pause after half the body), ``html``
+Per-request only: ``status`` (force a status), ``stall`` (pause after half the body; with
+``stall_rate`` only that fraction of requests stalls), ``html``
 (answer 200 with an HTML error page). An unknown query parameter is a 400, so a typo never passes
 silently. ``GET /?list`` or ``/?prefix=P`` lists names as JSON; ``GET /_stats`` returns counters.
 
@@ -44,7 +45,7 @@ _REPO_ROOT = str(Path(__file__).resolve().parent.parent)
 _LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 _MIN_CHUNK = 64 << 10
 _MAX_CHUNK = 256 << 10
-_PER_REQUEST = frozenset({"status", "stall", "html"})
+_PER_REQUEST = frozenset({"status", "stall", "stall_rate", "html"})
 _LISTING = frozenset({"list", "prefix"})
 _TRUE = frozenset({"", "1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
@@ -220,6 +221,11 @@ class _Store:
         if not math.isfinite(stall) or stall < 0:
             raise ValueError(f"stall must be a finite number >= 0, got {stall}")
         rng = random.Random(knobs.seed) if "seed" in overrides else self.rng
+        stall_rate = extra.get("stall_rate", 1.0)
+        if not 0 <= stall_rate <= 1:
+            raise ValueError(f"stall_rate must be in [0, 1], got {stall_rate}")
+        if stall and stall_rate < 1 and rng.random() >= stall_rate:
+            stall = 0.0  # this request does not stall
         return _Plan(knobs, rng, status, stall, extra.get("html", False))
 
     def _lookup(self, path: str) -> _Object | None:

@@ -96,7 +96,7 @@ def _phase_loader(urls: list[str], connections: int, max_buffered_bytes: int | N
     stats = ds.stats()
     result = {"bytes": stats["bytes_read"], "samples": samples, "unique": len(seen),
               "peak_buffered": stats["peak_buffered_bytes"], "wait_s": stats["wait_s"],
-              "limit": ds.config.max_buffered_bytes}
+              "limit": ds.config.max_buffered_bytes, "retries": stats["retries"]}
     return _finish(result, started, cpu0, baseline)
 
 
@@ -129,8 +129,14 @@ def _run_phase(phase: str, urls: list[str], connections: int, max_buffered_bytes
 
 
 def run_bench(urls: list[str], *, connections: int = 16, vs_webdataset: bool = False,
-              max_buffered_bytes: int | None = None, timeout: float = 1800) -> list[dict[str, Any]]:
-    """Run the phases and return one row per phase, with derived rates and ratios."""
+              max_buffered_bytes: int | None = None, faults: str | None = None,
+              timeout: float = 1800) -> list[dict[str, Any]]:
+    """Run the phases and return one row per phase, with derived rates and ratios.
+
+    ``faults`` is a query string appended to every URL for an extra loader phase (the emulated store
+    reads fault knobs from the query, e.g. ``drop_rate=0.05&fail_rate=0.05``); its row reports the
+    throughput as a ratio to the clean loader run (``vs_clean``).
+    """
     rows: list[dict[str, Any]] = []
     raw = _run_phase("raw", urls, connections, None, timeout)
     raw["name"] = f"raw download ({connections} conns)"
@@ -138,6 +144,12 @@ def run_bench(urls: list[str], *, connections: int = 16, vs_webdataset: bool = F
     loader = _run_phase("loader", urls, connections, max_buffered_bytes, timeout)
     loader["name"] = f"wds-async ({connections} conns)"
     rows.append(loader)
+    if faults:
+        faulty_urls = [u + ("&" if "?" in u else "?") + faults for u in urls]
+        faulty = _run_phase("loader", faulty_urls, connections, max_buffered_bytes, timeout)
+        faulty["name"] = "wds-async under faults"
+        faulty["faults"] = faults
+        rows.append(faulty)
     if vs_webdataset:
         try:
             import webdataset  # noqa: F401
@@ -153,6 +165,9 @@ def run_bench(urls: list[str], *, connections: int = 16, vs_webdataset: bool = F
         row["samples_s"] = row["samples"] / row["wall_s"] if row.get("samples") is not None else None
         row["vs_raw"] = row["mb_s"] / raw["mb_s"]
         row["cpu_s_per_gb"] = row["cpu_s"] / (row["bytes"] / 1e9) if row["bytes"] else None
+    for row in rows:
+        if row.get("faults"):
+            row["vs_clean"] = row["mb_s"] / loader["mb_s"]
     return rows
 
 
@@ -172,12 +187,16 @@ def format_table(rows: list[dict[str, Any]]) -> str:
                      f"{r['peak_above_baseline'] / 1e6:>9.0f}{samples:>9}  {once}")
     loader = next((r for r in rows if r["name"].startswith("wds-async")), None)
     other = next((r for r in rows if r["name"].startswith("webdataset")), None)
+    faulty = next((r for r in rows if r.get("faults")), None)
     if loader is not None:
         lines.append("")
         lines.append(f"wds-async / raw = {loader['vs_raw']:.2f}x; peak buffered {loader['peak_buffered'] / 1e6:.0f} MB "
                      f"of a {loader['limit'] / 1e6:.0f} MB budget; consumer waited {loader['wait_s']:.2f} s")
         if other is not None:
             lines.append(f"wds-async / webdataset = {loader['mb_s'] / other['mb_s']:.1f}x")
+        if faulty is not None:
+            lines.append(f"under faults ({faulty['faults']}): {faulty['vs_clean']:.2f}x the clean loader run, "
+                         f"{faulty['retries']} retries, samples {'identical count' if faulty['samples'] == loader['samples'] else 'DIFFER'}")
     return "\n".join(lines)
 
 
@@ -186,6 +205,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-c", "--connections", type=int, default=16, help="concurrent downloads (both phases)")
     parser.add_argument("--vs-webdataset", action="store_true", help="add the webdataset package's numbers")
     parser.add_argument("--max-buffered-bytes", type=int, default=None, help="loader byte budget")
+    parser.add_argument("--faults", metavar="QUERY", help="extra loader run with this query appended to every URL "
+                        "(emulated store knobs, e.g. 'drop_rate=0.05&fail_rate=0.05')")
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
 
 
@@ -195,7 +216,7 @@ def command(args: argparse.Namespace) -> int:
     urls = expand_urls(args.urls)
     print(f"bench: {len(urls)} shards, {args.connections} connections", flush=True)
     rows = run_bench(urls, connections=args.connections, vs_webdataset=args.vs_webdataset,
-                     max_buffered_bytes=args.max_buffered_bytes)
+                     max_buffered_bytes=args.max_buffered_bytes, faults=args.faults)
     print(format_table(rows))
     if args.json:
         with open(args.json, "w") as fh:
