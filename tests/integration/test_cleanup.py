@@ -120,3 +120,24 @@ def test_engine_thread_does_not_outlive_interpreter(shard_dir: Path) -> None:
     out = subprocess.run([os.sys.executable, "-c", code], capture_output=True, text=True, timeout=30)  # type: ignore[attr-defined]
     assert out.stdout.strip() == "ok", out.stderr
     assert time.monotonic() - started < 15
+
+
+def test_dataloader_worker_shutdown_kills_pipe_children(tmp_path: Path, shard_dir: Path) -> None:
+    """Stopping early with worker processes: each worker closes its engine, so no pipe: command survives."""
+    import multiprocessing
+
+    from torch.utils.data import DataLoader
+
+    marker = tmp_path / "pids"
+    url = f"pipe:echo $$ >> {marker}; cat {shard_dir}/shard-000000.tar; sleep 60"
+    ds = wds.WebDataset([url] * 4, max_connections=2).to_tuple("__key__")
+    loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=multiprocessing.get_context("fork"))
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    del it
+    gc.collect()
+    pids = [int(p) for p in marker.read_text().split()]
+    assert pids
+    assert wait_until(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                                      for p in pids), timeout=15), "pipe: commands outlived the DataLoader workers"
