@@ -81,22 +81,27 @@ def _phase_raw(urls: list[str], connections: int) -> dict[str, Any]:
     return _finish({"bytes": total, "samples": None}, started, cpu0, baseline)
 
 
-def _phase_loader(urls: list[str], connections: int, max_buffered_bytes: int | None) -> dict[str, Any]:
-    from .dataset import WebDataset
-
-    baseline = _rss()
-    ds = WebDataset(urls, max_connections=connections, max_buffered_bytes=max_buffered_bytes,
-                    nodesplitter=None, workersplitter=None)
+def _consume(ds: Any) -> tuple[dict[str, Any], float, float]:
+    """Iterate ``ds`` to the end; count samples and distinct ``(url, key)`` pairs."""
     seen: set[tuple[str, str]] = set()
     samples = 0
     started, cpu0 = time.perf_counter(), time.process_time()
     for sample in ds:
         samples += 1
         seen.add((sample["__url__"], sample["__key__"]))
+    return {"samples": samples, "unique": len(seen)}, started, cpu0
+
+
+def _phase_loader(urls: list[str], connections: int, max_buffered_bytes: int | None) -> dict[str, Any]:
+    from .dataset import WebDataset
+
+    baseline = _rss()
+    ds = WebDataset(urls, max_connections=connections, max_buffered_bytes=max_buffered_bytes,
+                    nodesplitter=None, workersplitter=None)
+    result, started, cpu0 = _consume(ds)
     stats = ds.stats()
-    result = {"bytes": stats["bytes_read"], "samples": samples, "unique": len(seen),
-              "peak_buffered": stats["peak_buffered_bytes"], "wait_s": stats["wait_s"],
-              "limit": ds.config.max_buffered_bytes, "retries": stats["retries"]}
+    result.update(bytes=stats["bytes_read"], peak_buffered=stats["peak_buffered_bytes"], wait_s=stats["wait_s"],
+                  limit=ds.config.max_buffered_bytes, retries=stats["retries"])
     return _finish(result, started, cpu0, baseline)
 
 
@@ -107,14 +112,9 @@ def _phase_webdataset(urls: list[str]) -> dict[str, Any]:
     import webdataset
 
     baseline = _rss()
-    ds = webdataset.WebDataset(urls, shardshuffle=False)
-    seen: set[tuple[str, str]] = set()
-    samples = 0
-    started, cpu0 = time.perf_counter(), time.process_time()
-    for sample in ds:
-        samples += 1
-        seen.add((sample["__url__"], sample["__key__"]))
-    return _finish({"bytes": None, "samples": samples, "unique": len(seen)}, started, cpu0, baseline)
+    result, started, cpu0 = _consume(webdataset.WebDataset(urls, shardshuffle=False))
+    result["bytes"] = None
+    return _finish(result, started, cpu0, baseline)
 
 
 def _run_phase(phase: str, urls: list[str], connections: int, max_buffered_bytes: int | None,
