@@ -14,12 +14,14 @@ Every backend translates its native errors into :mod:`wds_async.errors` here, at
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Backend", "ByteStream", "ObjectIdentity", "status_error"]
+__all__ = ["Backend", "ByteStream", "ObjectIdentity", "glob_prefix", "glob_regex", "has_glob", "status_error"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,10 @@ class Backend(Protocol):
         """The object's size in bytes, or None when the source cannot tell without reading it."""
         ...
 
+    async def list(self, pattern: str) -> list[str]:
+        """The sorted URLs of the objects matching a glob URL (see :func:`glob_regex`)."""
+        ...
+
     async def aclose(self) -> None:
         """Release sessions and other resources; the backend is unusable afterwards."""
         ...
@@ -98,3 +104,50 @@ def status_error(status: int, url: str, reason: str = "", *, offset: int | None 
         return BackendError(f"{text}: requested range not satisfiable (object shorter than expected?)",
                             url=url, offset=offset)
     return BackendError(f"{text}: unexpected answer", url=url, offset=offset)
+
+
+_GLOB_CHARS = "*?["
+
+
+def has_glob(key: str) -> bool:
+    """True when an object key or path contains glob wildcards."""
+    return any(c in key for c in _GLOB_CHARS)
+
+
+def glob_prefix(key: str) -> str:
+    """The literal part of a glob key before its first wildcard: what a store's list API filters on."""
+    cut = min((key.index(c) for c in _GLOB_CHARS if c in key), default=len(key))
+    return key[:cut]
+
+
+def glob_regex(key: str) -> re.Pattern[str]:
+    """Shell-style matching on object keys: ``*`` and ``?`` stay within one ``/`` level, ``**/`` matches
+    zero or more directories (as ``glob.glob(recursive=True)``), ``[abc]`` is a character class."""
+    out, i = [], 0
+    while i < len(key):
+        c = key[i]
+        if key.startswith("**/", i):
+            out.append("(?:.*/)?")  # zero or more directories, as in glob.glob(recursive=True)
+            i += 3
+            continue
+        if key.startswith("**", i):
+            out.append(".*")
+            i += 2
+            continue
+        if c == "*":
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif c == "[":
+            end = key.find("]", i + 1)
+            if end == -1:
+                out.append(re.escape(c))
+            else:
+                body = key[i + 1 : end]
+                out.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
+                i = end + 1
+                continue
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return re.compile("".join(out) + r"\Z")

@@ -95,5 +95,15 @@ class FileBackend:
         except OSError as exc:
             raise _open_error(exc, url) from None
 
+    async def list(self, pattern: str) -> list[str]:
+        """Local glob (``*`` within a directory, ``**`` across), sorted; keeps the ``file://`` form."""
+        import glob
+
+        path = local_path(pattern)
+        matches = await asyncio.to_thread(glob.glob, path, recursive=True)
+        files = sorted(m for m in matches if os.path.isfile(m))
+        prefix = "file://" if pattern.startswith("file://") else ""
+        return [prefix + m for m in files]
+
     async def aclose(self) -> None:
         return None

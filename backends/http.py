@@ -177,6 +177,10 @@ class HttpBackend:
         except aiohttp.ClientError as exc:
             raise TransientError(f"HEAD failed: {exc}", url=shown) from None
 
+    async def list(self, pattern: str) -> list[str]:
+        raise BackendError("plain http(s) has no listing API: give the shard names with a brace pattern such as "
+                           "shard-{000000..000099}.tar", url=redact_url(pattern))
+
     async def aclose(self) -> None:
         if self._session is not None:
             session, self._session = self._session, None

@@ -146,5 +146,8 @@ class PipeBackend:
     async def size(self, url: str) -> int | None:
         return None
 
+    async def list(self, pattern: str) -> list[str]:
+        raise BackendError("pipe: URLs cannot be listed", url=pattern)
+
     async def aclose(self) -> None:
         return None

@@ -27,6 +27,7 @@ from .bridge import Bridge
 from .config import EngineConfig, RetryPolicy
 from .errors import UrlError
 from .handlers import resolve_handler
+from .listing import expand_globs
 from .stages import batched, default_collation_fn, map_stage, select, shuffle, to_tuple
 from .stats import Stats
 from .urls import expand_urls, redact_url, scheme_of
@@ -90,6 +91,8 @@ class WebDataset(IterableDataset):  # type: ignore[type-arg]
         nodesplitter, workersplitter: functions from the shard list to this rank's / worker's share.
         log_interval: seconds between ``stats()`` log lines on the ``wds_async`` logger (INFO).
         backends: scheme -> backend instance overrides (for tests and custom stores).
+        backend_options: keyword options for the backends, e.g. ``{"endpoint_url": ...}`` for S3-compatible
+            stores or ``{"anonymous": True}`` for public buckets.
         allow_pipe: forbid (False) or allow ``pipe:`` URLs; default: allowed unless ``WDS_ASYNC_NO_PIPE``.
     """
 
@@ -111,16 +114,22 @@ class WebDataset(IterableDataset):  # type: ignore[type-arg]
         workersplitter: Callable[[list[str]], list[str]] | None = split_by_worker,
         log_interval: float | None = None,
         backends: dict[str, Any] | None = None,
+        backend_options: dict[str, Any] | None = None,
         allow_pipe: bool | None = None,
     ) -> None:
         super().__init__()
-        self.urls = expand_urls(urls)
-        for url in self.urls:
-            _validate(url)
         changes = {k: v for k, v in dict(
             max_connections=max_connections, max_buffered_bytes=max_buffered_bytes, read_timeout=read_timeout,
             connect_timeout=connect_timeout, retry=retry, deterministic=deterministic).items() if v is not None}
         self.config = (config or EngineConfig()).replace(**changes)
+        self._backends = backends
+        self._backend_options: dict[str, Any] = dict(backend_options or {})
+        if allow_pipe is not None:
+            self._backend_options["allow_pipe"] = allow_pipe
+        urls_list = expand_urls(urls)
+        for url in urls_list:
+            _validate(url)
+        self.urls = expand_globs(urls_list, self.config, self._backend_options, backends)
         self.handler = resolve_handler(handler)
         self.shardshuffle = shardshuffle
         self.seed = seed
@@ -128,8 +137,6 @@ class WebDataset(IterableDataset):  # type: ignore[type-arg]
         self.nodesplitter = nodesplitter
         self.workersplitter = workersplitter
         self.log_interval = log_interval
-        self._backends = backends
-        self._backend_options = {"allow_pipe": allow_pipe} if allow_pipe is not None else {}
         self._stages: tuple[Callable[[Iterator[Any]], Iterator[Any]], ...] = ()
         self._stats_box: list[Stats | None] = [None]
 
