@@ -14,7 +14,7 @@ from wds_async.errors import MissingDependency, UrlError
 
 from .base import Backend, ByteStream, ObjectIdentity
 
-__all__ = ["Backend", "ByteStream", "ObjectIdentity", "REGISTRY", "backend_class", "supported_schemes"]
+__all__ = ["Backend", "ByteStream", "ObjectIdentity", "REGISTRY", "backend_class", "backend_key", "supported_schemes"]
 
 #: scheme -> ("module:Class", extra or None)
 REGISTRY: dict[str, tuple[str, str | None]] = {
@@ -22,11 +22,32 @@ REGISTRY: dict[str, tuple[str, str | None]] = {
     "pipe": ("wds_async.backends.pipe:PipeBackend", None),
     "http": ("wds_async.backends.http:HttpBackend", None),
     "https": ("wds_async.backends.http:HttpBackend", None),
+    "s3": ("wds_async.backends.s3:S3Backend", "s3"),
+    "gs": ("wds_async.backends.gcs:GcsBackend", "gcs"),
+    "az": ("wds_async.backends.azure:AzureBackend", "azure"),
+    # https://ACCOUNT.blob.core.windows.net/... URLs are routed here by backend_key().
+    "azure": ("wds_async.backends.azure:AzureBackend", "azure"),
 }
+
+_AZURE_HOST_SUFFIXES = (".blob.core.windows.net",)
+
+
+def backend_key(url: str) -> str:
+    """The registry key serving ``url``: its scheme, except that Azure Blob https URLs go to Azure."""
+    from urllib.parse import urlsplit
+
+    from wds_async.urls import scheme_of
+
+    scheme = scheme_of(url)
+    if scheme == "https":
+        host = (urlsplit(url).hostname or "").lower()
+        if host.endswith(_AZURE_HOST_SUFFIXES):
+            return "azure"
+    return scheme
 
 
 def supported_schemes() -> list[str]:
-    return sorted(REGISTRY)
+    return sorted(k for k in REGISTRY if k != "azure")
 
 
 def backend_class(scheme: str, url: str | None = None) -> type[Any]:

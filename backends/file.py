@@ -47,6 +47,11 @@ def _open_error(exc: OSError, url: str) -> BackendError:
     return BackendError(f"cannot read file: {exc.strerror or exc}", url=url)
 
 
+def _close_result(future: asyncio.Future[BinaryIO]) -> None:
+    if not future.cancelled() and future.exception() is None:
+        future.result().close()
+
+
 class FileBackend:
     """Streams local files in large chunks read off the event loop."""
 
@@ -57,10 +62,15 @@ class FileBackend:
     async def open(self, url: str, *, start: int = 0, end: int | None = None) -> AsyncIterator[ByteStream]:
         path = local_path(url)
         loop = asyncio.get_running_loop()
+        opening = loop.run_in_executor(None, open, path, "rb")
         try:
-            fh: BinaryIO = await loop.run_in_executor(None, open, path, "rb")
+            fh: BinaryIO = await asyncio.shield(opening)
         except OSError as exc:
             raise _open_error(exc, url) from None
+        except asyncio.CancelledError:
+            # The open finishes in its thread regardless; close what it returns, never leak it.
+            opening.add_done_callback(_close_result)
+            raise
         try:
             st = os.fstat(fh.fileno())
             if start:

@@ -32,7 +32,7 @@ from .grouping import Grouper, Sample, sample_nbytes
 from .queues import ByteBudget, ChannelClosed, SampleChannel
 from .stats import Stats
 from .tarstream import TarParser
-from .urls import redact_url, scheme_of
+from .urls import redact_url
 
 __all__ = ["BackendSet", "Engine", "Handler"]
 
@@ -56,11 +56,11 @@ class BackendSet:
         self._options = dict(options or {})
 
     def for_url(self, url: str) -> Any:
-        scheme = scheme_of(url)
+        from .backends import backend_class, backend_key
+
+        scheme = backend_key(url)
         backend = self._instances.get(scheme)
         if backend is None:
-            from .backends import backend_class
-
             cls = backend_class(scheme, redact_url(url))
             # http and https share one instance and therefore one connection pool.
             shared = next((b for b in self._owned if type(b) is cls), None)

@@ -33,9 +33,10 @@ def _key_part(url: str) -> str:
 
 def is_glob_url(url: str) -> bool:
     """True for a URL of a listable scheme whose key contains ``*``, ``?`` or ``[``."""
+    from .backends import backend_key
     from .backends.base import has_glob
 
-    return scheme_of(url) in LISTABLE and has_glob(_key_part(url))
+    return backend_key(url) in LISTABLE and has_glob(_key_part(url))
 
 
 async def _expand(urls: list[str], config: EngineConfig, options: Mapping[str, Any],
