@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from wds_async.errors import BackendError, TransientError, UrlError
+from wds_async.errors import BackendError, TransientError, UrlError, WdsError
 from wds_async.urls import redact_url
 
 from .base import ByteStream, ObjectIdentity, status_error
@@ -94,11 +94,36 @@ class HttpBackend:
         _check_url(url)
         return url
 
+    async def resolve(self, url: str, start: int, end: int | None, method: str = "GET") -> tuple[str, dict[str, str]]:
+        """The request to send for ``url``: target URL and headers. Backends that sign requests (a
+        presigned URL, a bearer token) override this or the two hooks it calls."""
+        return self.request_url(url), await self.request_headers(url, start, end)
+
+    def auth_description(self) -> str:
+        """Which credential source is in use, for permission errors (never a secret). Empty: none."""
+        return ""
+
+    async def response_error(self, response: aiohttp.ClientResponse, shown: str, offset: int) -> Exception:
+        """The error for a non-2xx answer, with the store's error code when its body names one."""
+        detail = ""
+        try:
+            body = await response.content.read(2048)
+            code = re.search(rb"<Code>([^<]{1,100})</Code>", body) or re.search(rb'"message"\s*:\s*"([^"]{1,200})"', body)
+            if code:
+                detail = code.group(1).decode("utf-8", "replace")
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            pass
+        detail = detail or response.headers.get("x-ms-error-code", "")
+        err = status_error(response.status, shown, response.reason or "", offset=offset)
+        extra = [x for x in (detail, self.auth_description() if response.status in (401, 403) else "") if x]
+        if extra and isinstance(err, WdsError):
+            err.message = f"{err.message} [{'; '.join(extra)}]"
+        return err
+
     @asynccontextmanager
     async def open(self, url: str, *, start: int = 0, end: int | None = None) -> AsyncIterator[ByteStream]:
-        target = self.request_url(url)
         shown = redact_url(url)
-        headers = await self.request_headers(url, start, end)
+        target, headers = await self.resolve(url, start, end)
         session = self._get_session()
         try:
             response = await session.get(target, headers=headers, allow_redirects=True)
@@ -113,7 +138,7 @@ class HttpBackend:
             raise BackendError(f"request failed: {exc}", url=shown, offset=start) from None
         try:
             if response.status not in (200, 206):
-                raise status_error(response.status, shown, response.reason or "", offset=start)
+                raise await self.response_error(response, shown, start)
             skip = start if (response.status == 200 and start) else 0
             identity = identity_from_headers(response.headers, response.status)
             length = response.content_length
@@ -166,13 +191,13 @@ class HttpBackend:
             raise TransientError(f"body ended after {received} of {length} bytes", url=url, offset=pos)
 
     async def size(self, url: str) -> int | None:
-        target = self.request_url(url)
         shown = redact_url(url)
-        headers = await self.request_headers(url, 0, None)
+        target, headers = await self.resolve(url, 0, None, "HEAD")
+        headers.pop("Range", None)
         try:
             async with self._get_session().head(target, headers=headers, allow_redirects=True) as response:
                 if response.status != 200:
-                    raise status_error(response.status, shown, response.reason or "")
+                    raise await self.response_error(response, shown, 0)
                 return response.content_length
         except aiohttp.ClientError as exc:
             raise TransientError(f"HEAD failed: {exc}", url=shown) from None
