@@ -11,10 +11,29 @@ __all__ = ["main"]
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
+    """Expand braces and globs (through the stores' list APIs); with -l, also each object's size."""
+    import asyncio
+
+    from .config import EngineConfig
+    from .engine import BackendSet
+    from .listing import expand_globs
     from .urls import expand_urls
 
-    for url in expand_urls(args.urls):
-        print(url)
+    urls = expand_globs(expand_urls(args.urls))
+    if not args.long:
+        for url in urls:
+            print(url)
+        return 0
+
+    async def sizes() -> list[int | None]:
+        backends = BackendSet(EngineConfig())
+        try:
+            return [await backends.for_url(u).size(u) for u in urls]
+        finally:
+            await backends.aclose()
+
+    for url, size in zip(urls, asyncio.run(sizes())):
+        print(f"{size if size is not None else '-':>14}  {url}")
     return 0
 
 
@@ -46,7 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_bench = sub.add_parser("bench", help="loader throughput beside raw parallel download of the same shards")
     bench.add_arguments(p_bench)
     p_bench.set_defaults(func=bench.command)
-    p_ls = sub.add_parser("ls", help="print the shard URLs a pattern expands to")
+    p_ls = sub.add_parser("ls", help="print the shard URLs that patterns and globs expand to")
+    p_ls.add_argument("-l", "--long", action="store_true", help="also print each object's size")
     p_ls.add_argument("urls", nargs="+")
     p_ls.set_defaults(func=_cmd_ls)
     p_verify = sub.add_parser("verify", help="read shards completely and report samples or errors")

@@ -153,3 +153,19 @@ class BackendContract:
         ds = wds.WebDataset(env.url("e2e/shards-*.tar"), **env.dataset_options)
         assert ds.urls == wds.expand_urls(shard_pattern)
         assert sum(1 for _ in ds) == 20
+
+    def test_cli_ls_and_bench(self, env: ContractEnv, shard_pattern: str) -> None:
+        """``wds-async ls`` expands the glob through the store; ``wds-async bench`` runs on its URLs."""
+        import subprocess
+        import sys
+
+        cli = [sys.executable, "-m", "wds_async.cli"]
+        listed = subprocess.run([*cli, "ls", "-l", env.url("e2e/shards-*.tar")], capture_output=True, text=True,
+                                timeout=120)
+        assert listed.returncode == 0, listed.stderr
+        lines = listed.stdout.splitlines()
+        assert [line.split()[-1] for line in lines] == wds.expand_urls(shard_pattern)
+        assert all(int(line.split()[0]) > 0 for line in lines)
+        bench = subprocess.run([*cli, "bench", shard_pattern, "-c", "2"], capture_output=True, text=True, timeout=300)
+        assert bench.returncode == 0, bench.stderr
+        assert "exactly once" in bench.stdout and "yes" in bench.stdout

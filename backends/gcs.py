@@ -1,0 +1,250 @@
+"""``gs://bucket/object/key`` over the GCS JSON API, on the aiohttp session inherited from HttpBackend.
+
+* Endpoint: ``endpoint_url=`` if given, else ``STORAGE_EMULATOR_HOST`` (``http://`` is prepended when it
+  has no scheme; the emulator also means anonymous access), else ``https://storage.googleapis.com``.
+* Credentials, in order: ``credentials=`` (a google-auth object); anonymous for ``anonymous=True`` or the
+  emulator; otherwise application default credentials, resolved lazily on first use. ADC discovery may
+  probe the metadata server and a refresh is a blocking HTTP call, so both run in a thread, behind an
+  asyncio.Lock so that a burst of concurrent opens refreshes once. Without any credentials we fall back
+  to anonymous access (public buckets) and keep a ``note`` saying so. ``credential_source`` names what
+  is in use (a class name, "anonymous", "emulator") for error messages; a token never appears in one.
+* Data: ``GET {base}/download/storage/v1/b/{bucket}/o/{quoted key}?alt=media`` with ``Range: bytes=a-b``
+  or ``bytes=a-`` (never a suffix range). Identity for resume comes from ``x-goog-generation``/``ETag``
+  and the size from Content-Range, as parsed by :func:`identity_from_headers`.
+* Listing goes through the JSON list API on the same aiohttp session rather than google-cloud-storage's
+  ``list_blobs`` in a thread: it reuses the credentials, connection pool and error mapping we already
+  have, needs no project or second HTTP stack (requests), and holds no thread for a long listing. Pages
+  follow ``nextPageToken``; the server filters by the glob's literal prefix (plus ``delimiter=/`` when
+  the pattern cannot cross a ``/``), and :func:`glob_regex` decides the matches.
+* Errors: the server's JSON ``error.message`` (first ~2 KB of the body) is added to the mapped error,
+  and 401/403 also name the credential source.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+import google.auth
+import google.auth.credentials
+import google.auth.exceptions
+import google.auth.transport.requests
+
+from wds_async.errors import BackendError, NotFound, PermissionDenied, TransientError, UrlError, WdsError
+from wds_async.urls import redact_url
+
+from .base import ByteStream, glob_prefix, glob_regex, status_error
+from .http import HttpBackend, identity_from_headers
+
+__all__ = ["GcsBackend", "parse_gs_url"]
+
+log = logging.getLogger("wds_async")
+
+DEFAULT_ENDPOINT = "https://storage.googleapis.com"
+READ_ONLY_SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]\Z")
+_ERROR_BODY_BYTES = 2048
+
+
+def parse_gs_url(url: str) -> tuple[str, str]:
+    """``gs://bucket/key`` -> (bucket, key). Split by hand: a key may hold ``?`` or ``#`` literally."""
+    bucket, _, key = url[len("gs://"):].partition("/") if url.startswith("gs://") else ("", "", "")
+    if not _BUCKET.match(bucket) or not key:
+        raise UrlError("malformed gs:// URL: it needs a bucket and an object name, as in gs://bucket/dir/shard.tar",
+                       url=redact_url(url) if "@" in url else url)  # redact_url turns "gs://" into "gs:"
+    return bucket, key
+
+
+def _server_message(body: bytes) -> str:
+    """The human part of a GCS error body (JSON ``error.message``, or short plain text)."""
+    text = body.decode("utf-8", "replace").strip()
+    try:
+        message = json.loads(text)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = text if text and not text.startswith(("{", "<")) else ""
+    message = " ".join(str(message).split())
+    return message if len(message) <= 300 else message[:300] + "..."
+
+
+
+def _refresh(credentials: google.auth.credentials.Credentials) -> None:
+    """Blocking token refresh (run in a thread); the requests session is closed right after."""
+    request = google.auth.transport.requests.Request()
+    try:
+        credentials.refresh(request)
+    finally:
+        request.session.close()
+
+
+class GcsBackend(HttpBackend):
+    """Streams ``gs://`` objects with ranged JSON API media downloads."""
+
+    def __init__(self, *, endpoint_url: str | None = None, anonymous: bool = False,
+                 credentials: google.auth.credentials.Credentials | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        emulator = os.environ.get("STORAGE_EMULATOR_HOST", "").strip()
+        base = endpoint_url or emulator or DEFAULT_ENDPOINT
+        self.endpoint = (base if "://" in base else "http://" + base).rstrip("/")
+        self.note: str | None = None
+        self._credentials = credentials
+        self._anonymous = credentials is None and (anonymous or bool(emulator and not endpoint_url))
+        if credentials is not None:
+            self.credential_source = type(credentials).__name__
+        elif self._anonymous:
+            self.credential_source = "anonymous" if anonymous else "emulator"
+        else:
+            self.credential_source = "application default credentials (not resolved yet)"
+        self._auth_lock = asyncio.Lock()
+
+    # -- credentials ---------------------------------------------------------------------------------
+
+    def _load_default(self) -> google.auth.credentials.Credentials | None:
+        try:
+            credentials, _project = google.auth.default(scopes=[READ_ONLY_SCOPE])
+        except google.auth.exceptions.DefaultCredentialsError:
+            return None
+        return credentials  # type: ignore[no-any-return]
+
+    async def _auth_headers(self, shown: str) -> dict[str, str]:
+        """``Authorization`` (and a quota project) for authenticated use; nothing when anonymous."""
+        if self._anonymous:
+            return {}
+        creds = self._credentials
+        if creds is None or not creds.valid:
+            async with self._auth_lock:  # whoever waited here finds the work done
+                try:
+                    if self._credentials is None:
+                        self._credentials = await asyncio.to_thread(self._load_default)
+                        if self._credentials is None:
+                            self._anonymous, self.credential_source = True, "anonymous"
+                            self.note = "no Google credentials found (anonymous)"
+                            log.info("gs: %s; only public buckets are readable", self.note)
+                            return {}
+                        self.credential_source = type(self._credentials).__name__
+                    if not self._credentials.valid:
+                        await asyncio.to_thread(_refresh, self._credentials)
+                except google.auth.exceptions.GoogleAuthError as exc:
+                    raise self._auth_error(exc, shown) from None
+            creds = self._credentials
+        assert creds is not None
+        headers = {"Authorization": f"Bearer {creds.token}"}
+        quota_project = getattr(creds, "quota_project_id", None)
+        if quota_project:  # user credentials bill their quota project, as google-auth's apply() does
+            headers["x-goog-user-project"] = quota_project
+        return headers
+
+    def _auth_error(self, exc: Exception, shown: str) -> WdsError:
+        kind = TransientError if isinstance(exc, google.auth.exceptions.TransportError) or getattr(
+            exc, "retryable", False) else PermissionDenied
+        text = " ".join(str(exc).split())[:300]
+        return kind(f"could not obtain a Google access token ({self.credential_source}): "
+                    f"{type(exc).__name__}: {text}", url=shown)
+
+    # -- HttpBackend hooks ---------------------------------------------------------------------------
+
+    def request_url(self, url: str) -> str:
+        bucket, key = parse_gs_url(url)
+        return f"{self.endpoint}/download/storage/v1/b/{quote(bucket, safe='')}/o/{quote(key, safe='')}?alt=media"
+
+    async def request_headers(self, url: str, start: int, end: int | None) -> dict[str, str]:
+        headers = await super().request_headers(url, start, end)
+        headers.update(await self._auth_headers(url))
+        return headers
+
+    async def _send(self, url: str, target: str, headers: Mapping[str, str], *,
+                    params: Mapping[str, str] | None = None, offset: int | None = None) -> aiohttp.ClientResponse:
+        """GET ``target``; a non-2xx answer becomes an error carrying the server's message."""
+        try:
+            response = await self._get_session().get(target, headers=headers, params=params, allow_redirects=True)
+        except asyncio.TimeoutError:
+            raise TransientError("timed out connecting or waiting for the response headers", url=url,
+                                 offset=offset) from None
+        except aiohttp.ClientConnectionError as exc:
+            raise TransientError(f"connection failed: {exc}", url=url, offset=offset) from None
+        except aiohttp.ClientError as exc:
+            raise BackendError(f"request failed: {exc}", url=url, offset=offset) from None
+        if 200 <= response.status < 300:
+            return response
+        try:
+            body = b""
+            while len(body) < _ERROR_BODY_BYTES:
+                chunk = await response.content.read(_ERROR_BODY_BYTES - len(body))
+                if not chunk:
+                    break
+                body += chunk
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            pass  # the status alone still says what went wrong
+        finally:
+            response.close()
+        err = status_error(response.status, url, response.reason or "", offset=offset)
+        assert isinstance(err, WdsError)
+        extra = f"; credentials: {self.credential_source}" if response.status in (401, 403) else ""
+        message = _server_message(body)
+        extra += f"; server says: {message}" if message else ""
+        if self.note and response.status in (401, 403, 404):
+            extra += f"; {self.note}"
+        raise type(err)(err.message + extra, url=url, offset=offset) if extra else err
+
+    # -- Backend protocol ----------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def open(self, url: str, *, start: int = 0, end: int | None = None) -> AsyncIterator[ByteStream]:
+        target = self.request_url(url)
+        headers = await self.request_headers(url, start, end)
+        response = await self._send(url, target, headers, offset=start)
+        try:
+            skip = start if (response.status == 200 and start) else 0  # Range ignored (e.g. transcoding)
+            stream = ByteStream(
+                self._chunks(response, url, start, skip, response.content_length, end),
+                start=start, identity=identity_from_headers(response.headers, response.status),
+                info={"status": response.status},
+            )
+            try:
+                yield stream
+            finally:
+                await stream.aclose()
+        finally:
+            response.release() if response.content.at_eof() else response.close()
+
+    async def _json(self, url: str, target: str, params: Mapping[str, str] | None = None) -> Any:
+        headers = {**self.headers, **await self._auth_headers(url)}
+        response = await self._send(url, target, headers, params=params)
+        try:
+            return await response.json(content_type=None)
+        except (ValueError, aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise TransientError(f"unreadable JSON answer: {exc}", url=url) from None
+        finally:
+            response.release()
+
+    async def size(self, url: str) -> int | None:
+        bucket, key = parse_gs_url(url)
+        meta = await self._json(url, f"{self.endpoint}/storage/v1/b/{quote(bucket, safe='')}/o/{quote(key, safe='')}")
+        return int(meta["size"]) if "size" in meta else None
+
+    async def list(self, pattern: str) -> list[str]:
+        bucket, key_pattern = parse_gs_url(pattern)
+        prefix, regex = glob_prefix(key_pattern), glob_regex(key_pattern)
+        params = {"prefix": prefix, "fields": "items(name),nextPageToken", "maxResults": "1000"}
+        if not any(c in key_pattern[len(prefix):] for c in "/[") and "**" not in key_pattern:
+            params["delimiter"] = "/"  # matches stay in this level: skip the subtrees below it
+        names: list[str] = []
+        target = f"{self.endpoint}/storage/v1/b/{quote(bucket, safe='')}/o"
+        while True:
+            try:
+                page = await self._json(pattern, target, params)
+            except NotFound as exc:
+                raise NotFound(f"{exc.message} (no bucket {bucket!r}?)", url=exc.url) from None
+            names.extend(item["name"] for item in page.get("items", ()) if regex.match(item["name"]))
+            token = page.get("nextPageToken")
+            if not token:
+                break
+            params["pageToken"] = token
+        return [f"gs://{bucket}/{name}" for name in sorted(set(names))]
