@@ -43,7 +43,7 @@ import aiohttp
 from azure.core.exceptions import ClientAuthenticationError
 from azure.storage.blob import BlobSasPermissions, ContainerSasPermissions, generate_blob_sas, generate_container_sas
 
-from wds_async.errors import BackendError, PermissionDenied, TransientError, UrlError
+from wds_async.errors import BackendError, PermissionDenied, TransientError, UrlError, WdsError
 from wds_async.urls import redact_url
 
 from .base import ByteStream, glob_prefix, glob_regex, status_error
@@ -60,6 +60,7 @@ REFRESH_MARGIN = 300.0  # seconds: a token or SAS is renewed this long before it
 SAS_CACHE_SIZE = 4096
 LIST_PAGE = 5000
 _SIG = re.compile(r"sig=[^&\s'\"]*", re.IGNORECASE)
+_CONTAINER = re.compile(r"[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){2,62}|\$root|\$web|\$logs")
 
 
 def parse_connection_string(text: str) -> dict[str, str]:
@@ -87,21 +88,23 @@ class _Target:
 
 def parse_url(url: str) -> _Target:
     """Split an az:// or https Blob URL; the https path is percent-decoded, az:// keys are literal."""
-    for prefix in ("az://", "azure://"):
-        if url.startswith(prefix):
-            container, _, blob = url[len(prefix):].partition("/")
-            if not container or not blob:
-                raise UrlError("an Azure URL needs a container and a blob name, as in az://container/dir/shard.tar",
-                               url=redact_url(url))
-            return _Target(prefix, None, None, container, blob, "")
-    parts = urlsplit(url)
-    host = (parts.hostname or "").lower()
-    container, _, blob = unquote(parts.path).lstrip("/").partition("/")
-    if parts.scheme != "https" or ".blob." not in host or not container or not blob:
-        raise UrlError("not an Azure Blob URL: expected az://container/blob or "
-                       "https://ACCOUNT.blob.core.windows.net/container/blob", url=redact_url(url))
-    return _Target(f"https://{parts.netloc}/", f"https://{parts.netloc}", host.split(".")[0], container, blob,
-                   parts.query)
+    prefix = next((p for p in ("az://", "azure://") if url.startswith(p)), None)
+    if prefix is not None:
+        container, _, blob = url[len(prefix):].partition("/")
+        target = _Target(prefix, None, None, container, blob, "")
+    else:
+        parts = urlsplit(url)
+        host = (parts.hostname or "").lower()
+        container, _, blob = unquote(parts.path).lstrip("/").partition("/")
+        if parts.scheme != "https" or ".blob." not in host:
+            raise UrlError("not an Azure Blob URL: expected az://container/blob or "
+                           "https://ACCOUNT.blob.core.windows.net/container/blob", url=redact_url(url))
+        target = _Target(f"https://{parts.netloc}/", f"https://{parts.netloc}", host.split(".")[0], container,
+                         blob, parts.query)
+    if not blob or not _CONTAINER.fullmatch(container):  # Azure would answer 400 InvalidResourceName
+        raise UrlError("an Azure URL needs a container (3-63 lowercase letters, digits, hyphens) and a blob name, "
+                       "as in az://container/dir/shard.tar", url=redact_url(url))
+    return target
 
 
 class AzureBackend(HttpBackend):
@@ -135,8 +138,12 @@ class AzureBackend(HttpBackend):
                   (env("AZURE_STORAGE_KEY"), env("AZURE_STORAGE_SAS_TOKEN"))]
         if credential is not None:  # an explicit token credential outranks keys found in the environment
             levels = levels[:1]
-        self._key, self._sas = next(((k, None) if k else (None, s.lstrip("?")) for k, s in levels if k or s),
-                                    (None, None))
+        self._key: str | None = None
+        self._sas: str | None = None
+        for key, sas in levels:  # within a level, a key before a SAS
+            if key or sas:
+                self._key, self._sas = (key, None) if key else (None, (sas or "").lstrip("?"))
+                break
         self._anonymous = anonymous
         self._credential = credential           # a TokenCredential; DefaultAzureCredential made on first use
         self._owns_credential = False
@@ -166,7 +173,7 @@ class AzureBackend(HttpBackend):
         if mode == "token" and self._credential is not None and not self._owns_credential:
             return type(self._credential).__name__
         if mode == "anonymous" and self._no_token:
-            return "anonymous (DefaultAzureCredential found no credential)"
+            return "anonymous (no key, SAS or token credential found)"
         return {"url": "SAS token (in the URL)", "key": "account key", "sas": "SAS token",
                 "token": "DefaultAzureCredential", "anonymous": "anonymous"}[mode]
 
@@ -222,11 +229,11 @@ class AzureBackend(HttpBackend):
                     return None
                 raise PermissionDenied(f"{source} could not get a token: {exc.message.splitlines()[0]}",
                                        url=redact_url(url)) from None
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - foreign errors stop at the backend boundary
                 raise TransientError(f"{source} token request failed ({type(exc).__name__})",
                                      url=redact_url(url)) from None
-            self._token = (token.token, float(token.expires_on))
-            return token.token
+            self._token = (str(token.token), float(token.expires_on))
+            return self._token[0]
 
     # -- requests ----------------------------------------------------------------------------------------
 
@@ -254,7 +261,7 @@ class AzureBackend(HttpBackend):
         return headers
 
     async def _send(self, method: str, url: str, target_url: str, headers: dict[str, str],
-                    start: int = 0) -> aiohttp.ClientResponse:
+                    start: int | None = None) -> aiohttp.ClientResponse:
         """One request; any status but 200/206 becomes an error naming the user URL and credential."""
         shown = redact_url(url)
         try:
@@ -270,11 +277,12 @@ class AzureBackend(HttpBackend):
         if response.status in (200, 206):
             return response
         response.close()
-        base = status_error(response.status, shown, response.reason or "", offset=start)
+        error = status_error(response.status, shown, response.reason or "", offset=start)
+        assert isinstance(error, WdsError)
         code = response.headers.get("x-ms-error-code")
         detail = f"credential: {self.credential_source(parse_url(url))}" + (f"; x-ms-error-code: {code}"
                                                                            if code else "")
-        raise type(base)(f"{base.message} ({detail})", url=shown, offset=start)
+        raise type(error)(f"{error.message} ({detail})", url=shown, offset=start)
 
     @asynccontextmanager
     async def open(self, url: str, *, start: int = 0, end: int | None = None) -> AsyncIterator[ByteStream]:
@@ -305,15 +313,13 @@ class AzureBackend(HttpBackend):
         """Matches of a glob URL, sorted, in the URL form given (List Blobs on the glob's literal prefix)."""
         target = parse_url(pattern)
         regex, prefix = glob_regex(target.blob), glob_prefix(target.blob)
-        base = self._object_url(target, None)
-        headers = await self.request_headers(pattern, 0, None)
-        names: list[str] = []
-        marker = ""
+        base, names, marker = self._object_url(target, None), [], ""
         while True:
             params = {"restype": "container", "comp": "list", "prefix": prefix, "maxresults": str(LIST_PAGE)}
             if marker:
                 params["marker"] = marker
             query = "&".join(filter(None, (urlencode(params), self._query(target, listing=True))))
+            headers = await self.request_headers(pattern, 0, None)
             response = await self._send("GET", pattern, f"{base}?{query}", headers)
             try:
                 body = await response.read()
@@ -325,18 +331,17 @@ class AzureBackend(HttpBackend):
                 root = ET.fromstring(body)
             except ET.ParseError:
                 raise BackendError("the List Blobs answer is not valid XML", url=redact_url(pattern)) from None
-            for blob in root.iter("Blob"):
-                element = blob.find("Name")
-                name = "" if element is None else element.text or ""
-                names.append(unquote(name) if element is not None and element.get("Encoded") == "true" else name)
+            for element in root.iterfind("Blobs/Blob/Name"):
+                name = unquote(element.text or "") if element.get("Encoded") == "true" else element.text or ""
+                if regex.match(name):
+                    names.append(name)
             marker = root.findtext("NextMarker") or ""
             if not marker:
                 break
-        matches = sorted(n for n in names if regex.match(n))
-        if target.base is None:
-            return [f"{target.prefix}{target.container}/{n}" for n in matches]
+        if target.base is None:  # az:// keys are literal; https paths are percent-encoded
+            return [f"{target.prefix}{target.container}/{n}" for n in sorted(names)]
         query = f"?{target.query}" if target.query else ""
-        return [f"{target.prefix}{target.container}/{quote(n, safe='/')}{query}" for n in matches]
+        return [f"{target.prefix}{target.container}/{quote(n, safe='/')}{query}" for n in sorted(names)]
 
     async def _close_credential(self) -> None:
         if self._owns_credential and self._credential is not None:

@@ -111,7 +111,7 @@ class GcsBackend(HttpBackend):
             credentials, _project = google.auth.default(scopes=[READ_ONLY_SCOPE])
         except google.auth.exceptions.DefaultCredentialsError:
             return None
-        return credentials  # type: ignore[no-any-return]
+        return credentials
 
     async def _auth_headers(self, shown: str) -> dict[str, str]:
         """``Authorization`` (and a quota project) for authenticated use; nothing when anonymous."""
@@ -120,6 +120,8 @@ class GcsBackend(HttpBackend):
         creds = self._credentials
         if creds is None or not creds.valid:
             async with self._auth_lock:  # whoever waited here finds the work done
+                if self._anonymous:  # another opener found no credentials meanwhile
+                    return {}
                 try:
                     if self._credentials is None:
                         self._credentials = await asyncio.to_thread(self._load_default)

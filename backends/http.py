@@ -162,6 +162,10 @@ class HttpBackend:
         content = response.content
         while True:
             try:
+                # read(n) is bounded by chunk_bytes, which keeps the byte budget's per-reader slack to one
+                # chunk. readchunk() saved a join but handed over up to ~256 KB at once, and its CPU gain
+                # was within noise (measured on moto: 2.1-2.3 vs 2.4 CPU s/GB). aiohttp's own buffer
+                # stays at its 64 KiB default: it is memory outside max_buffered_bytes, per connection.
                 chunk = await content.read(self.chunk_bytes)
             except asyncio.TimeoutError:
                 raise TransientError(f"stalled: no data for {self._timeout.sock_read} s", url=url,

@@ -290,7 +290,11 @@ async def test_application_default_credentials(monkeypatch: pytest.MonkeyPatch) 
 
 @pytest.mark.asyncio
 async def test_no_credentials_falls_back_to_anonymous(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+
     def no_default(**kwargs: Any) -> Any:
+        calls.append(1)
+        time.sleep(0.05)
         raise google.auth.exceptions.DefaultCredentialsError("Your default credentials were not found.")
 
     monkeypatch.setattr(google.auth, "default", no_default)
@@ -298,11 +302,12 @@ async def test_no_credentials_falls_back_to_anonymous(monkeypatch: pytest.Monkey
     async with fake_gcs(lambda r: answer[r.path.rsplit("/", 1)[1]]) as (base, seen):
         backend = GcsBackend(endpoint_url=base)
         try:
-            assert await _read(backend, "gs://bkt/public") == b"pub"
+            assert await asyncio.gather(*(_read(backend, "gs://bkt/public") for _ in range(4))) == [b"pub"] * 4
             with pytest.raises(wds.PermissionDenied) as info:
                 await _read(backend, "gs://bkt/private")
         finally:
             await backend.aclose()
+    assert len(calls) == 1
     assert backend.credential_source == "anonymous" and backend.note == "no Google credentials found (anonymous)"
     assert "credentials: anonymous" in str(info.value) and "no Google credentials found" in str(info.value)
     assert all("Authorization" not in r.headers for r in seen)
