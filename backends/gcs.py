@@ -16,19 +16,19 @@
   have, needs no project or second HTTP stack (requests), and holds no thread for a long listing. Pages
   follow ``nextPageToken``; the server filters by the glob's literal prefix (plus ``delimiter=/`` when
   the pattern cannot cross a ``/``), and :func:`glob_regex` decides the matches.
-* Errors: the server's JSON ``error.message`` (first ~2 KB of the body) is added to the mapped error,
-  and 401/403 also name the credential source.
+* Errors: downloads, metadata and listing all go through HttpBackend's ``response_error`` (status
+  mapping, the JSON ``"message"`` from the first 2 KB of the body); 401/403 add
+  :meth:`GcsBackend.auth_description`. A failed token refresh is PermissionDenied, or TransientError
+  when google-auth calls it retryable or a transport failure.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import re
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -41,8 +41,8 @@ import google.auth.transport.requests
 from wds_async.errors import BackendError, NotFound, PermissionDenied, TransientError, UrlError, WdsError
 from wds_async.urls import redact_url
 
-from .base import ByteStream, glob_prefix, glob_regex, status_error
-from .http import HttpBackend, identity_from_headers
+from .base import glob_prefix, glob_regex
+from .http import HttpBackend
 
 __all__ = ["GcsBackend", "parse_gs_url"]
 
@@ -51,7 +51,6 @@ log = logging.getLogger("wds_async")
 DEFAULT_ENDPOINT = "https://storage.googleapis.com"
 READ_ONLY_SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]\Z")
-_ERROR_BODY_BYTES = 2048
 
 
 def parse_gs_url(url: str) -> tuple[str, str]:
@@ -61,18 +60,6 @@ def parse_gs_url(url: str) -> tuple[str, str]:
         raise UrlError("malformed gs:// URL: it needs a bucket and an object name, as in gs://bucket/dir/shard.tar",
                        url=redact_url(url) if "@" in url else url)  # redact_url turns "gs://" into "gs:"
     return bucket, key
-
-
-def _server_message(body: bytes) -> str:
-    """The human part of a GCS error body (JSON ``error.message``, or short plain text)."""
-    text = body.decode("utf-8", "replace").strip()
-    try:
-        message = json.loads(text)["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        message = text if text and not text.startswith(("{", "<")) else ""
-    message = " ".join(str(message).split())
-    return message if len(message) <= 300 else message[:300] + "..."
-
 
 
 def _refresh(credentials: google.auth.credentials.Credentials) -> None:
@@ -161,70 +148,29 @@ class GcsBackend(HttpBackend):
         headers.update(await self._auth_headers(url))
         return headers
 
-    async def _send(self, url: str, target: str, headers: Mapping[str, str], *,
-                    params: Mapping[str, str] | None = None, offset: int | None = None) -> aiohttp.ClientResponse:
-        """GET ``target``; a non-2xx answer becomes an error carrying the server's message."""
-        try:
-            response = await self._get_session().get(target, headers=headers, params=params, allow_redirects=True)
-        except asyncio.TimeoutError:
-            raise TransientError("timed out connecting or waiting for the response headers", url=url,
-                                 offset=offset) from None
-        except aiohttp.ClientConnectionError as exc:
-            raise TransientError(f"connection failed: {exc}", url=url, offset=offset) from None
-        except aiohttp.ClientError as exc:
-            raise BackendError(f"request failed: {exc}", url=url, offset=offset) from None
-        if 200 <= response.status < 300:
-            return response
-        try:
-            body = b""
-            while len(body) < _ERROR_BODY_BYTES:
-                chunk = await response.content.read(_ERROR_BODY_BYTES - len(body))
-                if not chunk:
-                    break
-                body += chunk
-        except (aiohttp.ClientError, asyncio.TimeoutError):
-            pass  # the status alone still says what went wrong
-        finally:
-            response.close()
-        err = status_error(response.status, url, response.reason or "", offset=offset)
-        assert isinstance(err, WdsError)
-        extra = f"; credentials: {self.credential_source}" if response.status in (401, 403) else ""
-        message = _server_message(body)
-        extra += f"; server says: {message}" if message else ""
-        if self.note and response.status in (401, 403, 404):
-            extra += f"; {self.note}"
-        raise type(err)(err.message + extra, url=url, offset=offset) if extra else err
+    def auth_description(self) -> str:
+        return f"Google credentials: {self.note or self.credential_source}"
 
-    # -- Backend protocol ----------------------------------------------------------------------------
-
-    @asynccontextmanager
-    async def open(self, url: str, *, start: int = 0, end: int | None = None) -> AsyncIterator[ByteStream]:
-        target = self.request_url(url)
-        headers = await self.request_headers(url, start, end)
-        response = await self._send(url, target, headers, offset=start)
-        try:
-            skip = start if (response.status == 200 and start) else 0  # Range ignored (e.g. transcoding)
-            stream = ByteStream(
-                self._chunks(response, url, start, skip, response.content_length, end),
-                start=start, identity=identity_from_headers(response.headers, response.status),
-                info={"status": response.status},
-            )
-            try:
-                yield stream
-            finally:
-                await stream.aclose()
-        finally:
-            response.release() if response.content.at_eof() else response.close()
+    # -- metadata and listing: JSON API on the same session --------------------------------------------
 
     async def _json(self, url: str, target: str, params: Mapping[str, str] | None = None) -> Any:
+        """GET a JSON API resource; non-2xx answers go through :meth:`response_error` like downloads."""
         headers = {**self.headers, **await self._auth_headers(url)}
-        response = await self._send(url, target, headers, params=params)
         try:
-            return await response.json(content_type=None)
-        except (ValueError, aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            async with self._get_session().get(target, headers=headers, params=params) as response:
+                if response.status != 200:
+                    raise await self.response_error(response, url, 0)
+                return await response.json(content_type=None)
+        except asyncio.TimeoutError:
+            raise TransientError("timed out waiting for the JSON API", url=url) from None
+        except aiohttp.ClientConnectionError as exc:
+            raise TransientError(f"connection failed: {exc}", url=url) from None
+        except aiohttp.ClientError as exc:
+            raise BackendError(f"request failed: {exc}", url=url) from None
+        except ValueError as exc:  # a body that is not JSON (UrlError is a ValueError too: ours pass)
+            if isinstance(exc, WdsError):
+                raise
             raise TransientError(f"unreadable JSON answer: {exc}", url=url) from None
-        finally:
-            response.release()
 
     async def size(self, url: str) -> int | None:
         bucket, key = parse_gs_url(url)
