@@ -7,7 +7,7 @@ The public API is what this module re-exports (checked by ``tests/unit/test_expo
 """
 
 from .config import EngineConfig, RetryPolicy
-from .dataset import WebDataset, split_by_node, split_by_worker
+from .dataset import WebDataset
 from .errors import (
     BackendError,
     MissingDependency,
@@ -21,8 +21,33 @@ from .errors import (
     UrlError,
     WdsError,
 )
+from .filters import (
+    batched,
+    detshuffle,
+    listed,
+    map,
+    map_dict,
+    map_tuple,
+    rename,
+    select,
+    shuffle,
+    slice,
+    to_tuple,
+    unbatched,
+    unlisted,
+)
+from .fluid import Stage, pipelinefilter
 from .grouping import Sample
 from .handlers import ignore_and_continue, ignore_and_stop, reraise_exception, warn_and_continue, warn_and_stop
+from .pipeline import (
+    DataPipeline,
+    ResampledShards,
+    SimpleShardList,
+    WebLoader,
+    split_by_node,
+    split_by_worker,
+    tarfile_to_samples,
+)
 from .stages import default_collation_fn
 from .urls import braceexpand, expand_urls
 
@@ -30,6 +55,26 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BackendError",
+    "DataPipeline",
+    "ResampledShards",
+    "SimpleShardList",
+    "Stage",
+    "WebLoader",
+    "batched",
+    "detshuffle",
+    "listed",
+    "map",
+    "map_dict",
+    "map_tuple",
+    "pipelinefilter",
+    "rename",
+    "select",
+    "shuffle",
+    "slice",
+    "tarfile_to_samples",
+    "to_tuple",
+    "unbatched",
+    "unlisted",
     "EngineConfig",
     "MissingDependency",
     "NotFound",

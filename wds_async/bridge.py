@@ -22,7 +22,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ._compat import TaskGroup
@@ -55,7 +55,7 @@ class Bridge:
 
     def __init__(
         self,
-        urls: list[str],
+        urls: Iterable[str],
         *,
         config: EngineConfig,
         handler: Callable[[BaseException], bool],
@@ -63,8 +63,10 @@ class Bridge:
         backends: dict[str, Any] | None = None,
         backend_options: dict[str, Any] | None = None,
         log_interval: float | None = None,
+        engine_options: dict[str, Any] | None = None,
     ) -> None:
         self._urls = urls
+        self._engine_options = dict(engine_options or {})
         self._config = config
         self._handler = handler
         self._stats = stats
@@ -116,7 +118,8 @@ class Bridge:
             channel = SampleChannel(budget, ordered=self._config.deterministic)
             backends = BackendSet(self._config, self._backend_overrides, self._backend_options)
             engine = Engine(self._urls, backends=backends, channel=channel, config=self._config,
-                            handler=self._handler, stats=self._stats, log_interval=self._log_interval)
+                            handler=self._handler, stats=self._stats, log_interval=self._log_interval,
+                            **self._engine_options)
             self._channel = channel
         except BaseException as exc:
             self._startup_error = exc

@@ -22,7 +22,7 @@ import builtins
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sized
 from typing import Any
 
 from ._compat import TaskGroup
@@ -110,8 +110,13 @@ class Engine:
         handler: Handler,
         stats: Stats,
         log_interval: float | None = None,
+        select_files: Callable[[str], bool] | None = None,
+        rename_files: Callable[[str], str] | None = None,
     ) -> None:
-        self.urls = list(urls)
+        self.select_files = select_files
+        self.rename_files = rename_files
+        # A list, or a lazy iterator (resampled or pipeline shard streams), pulled only in the loop thread.
+        self.urls = urls
         self.backends = backends
         self.channel = channel
         self.budget: ByteBudget = channel.budget
@@ -120,7 +125,7 @@ class Engine:
         self.stats = stats
         self.log_interval = log_interval
         self._stopping = False
-        self.stats.shards_total = len(self.urls)
+        self.stats.shards_total = len(urls) if isinstance(urls, Sized) else 0
         self.stats.buffer_limit = self.budget.limit
         self.stats.budget = self.budget
 
@@ -131,7 +136,8 @@ class Engine:
             async with TaskGroup() as outer:
                 logger = outer.create_task(self._log_periodically()) if self.log_interval else None
                 async with TaskGroup() as readers:
-                    for _ in range(min(self.config.max_connections, len(self.urls))):
+                    count = len(self.urls) if isinstance(self.urls, Sized) else self.config.max_connections
+                    for _ in range(min(self.config.max_connections, count)):
                         readers.create_task(self._reader(shards))
                 if logger is not None:
                     logger.cancel()
@@ -226,7 +232,8 @@ class Engine:
         shown = redact_url(url)
         backend = self.backends.for_url(url)
         parser = TarParser(url=shown)
-        grouper = Grouper(shown, self._on_sample_error)
+        grouper = Grouper(shown, self._on_sample_error, select_files=self.select_files,
+                          rename_files=self.rename_files)
         policy = self.config.retry
         pos = 0  # bytes of the source consumed (compressed bytes for .tar.gz): where a retry resumes
         identity = None

@@ -73,12 +73,17 @@ def sample_nbytes(sample: dict) -> int:  # type: ignore[type-arg]
 class Grouper:
     """Incrementally groups members of one shard into samples.
 
-    ``on_error(err)`` is called with a :class:`SampleError` for a repeated extension; it either raises
+    ``rename_files(name)`` and ``select_files(name)`` (webdataset's constructor options) see each member
+    name first, in that order, as webdataset applies them. ``on_error(err)`` is called with a :class:`SampleError` for a repeated extension; it either raises
     (the error propagates) or returns, in which case the offending sample is dropped.
     """
 
-    def __init__(self, url: str, on_error: Callable[[WdsError], None]) -> None:
+    def __init__(self, url: str, on_error: Callable[[WdsError], None], *,
+                 select_files: Callable[[str], bool] | None = None,
+                 rename_files: Callable[[str], str] | None = None) -> None:
         self.url = url
+        self._select = select_files
+        self._rename = rename_files
         self._on_error = on_error
         self._current: Sample | None = None
         self._bad_key: str | None = None
@@ -88,9 +93,14 @@ class Grouper:
         """Feed members in archive order; return the samples they complete."""
         done: list[Sample] = []
         for member in members:
-            if _skipped(member.name):
+            name = member.name
+            if _skipped(name):
                 continue
-            parts = split_key(member.name)
+            if self._rename is not None:
+                name = self._rename(name)
+            if self._select is not None and not self._select(name):
+                continue
+            parts = split_key(name)
             if parts is None:
                 continue
             key, ext = parts
@@ -112,8 +122,8 @@ class Grouper:
                 self._bad_key = key
                 self._on_error(
                     SampleError(
-                        f"repeated extension {ext!r} in sample {key!r} (member {member.name!r})",
-                        url=self.url, offset=member.offset, member=member.name,
+                        f"repeated extension {ext!r} in sample {key!r} (member {name!r})",
+                        url=self.url, offset=member.offset, member=name,
                     )
                 )
                 continue

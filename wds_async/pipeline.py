@@ -1,0 +1,212 @@
+"""The explicit pipeline form (webdataset's ``DataPipeline``) and its sources and splitters.
+
+    ds = wds.DataPipeline(
+        wds.SimpleShardList("shards-{000000..000099}.tar"),
+        wds.shuffle(100),            # shuffles the shard list
+        wds.split_by_worker,
+        wds.tarfile_to_samples(),    # the async engine: many shards in flight, exactly once
+        wds.shuffle(1000), wds.decode("pil"), wds.to_tuple("png", "json"), wds.batched(16),
+    )
+
+Shard streams are items ``{"url": ...}`` (plain strings are accepted too). ``tarfile_to_samples`` hands
+the stream to the engine, which pulls it lazily in its loop thread, so an endless
+:class:`ResampledShards` stream works.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import sys
+from collections.abc import Callable, Generator, Iterable, Iterator
+from typing import Any
+
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from .bridge import Bridge
+from .config import EngineConfig
+from .fluid import FluidPipeline, Stage
+from .handlers import reraise_exception, resolve_handler
+from .stats import Stats
+from .urls import expand_urls
+
+__all__ = [
+    "DataPipeline", "ResampledShards", "SimpleShardList", "WebLoader", "node_info", "split_by_node",
+    "split_by_worker", "stream_samples", "tarfile_to_samples", "worker_info",
+]
+
+
+def node_info() -> tuple[int, int]:
+    """``(rank, world_size)`` from torch.distributed when initialised, else ``RANK``/``WORLD_SIZE``."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except ImportError:  # pragma: no cover
+        pass
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return (int(os.environ.get("RANK", "0")), world) if world > 1 else (0, 1)
+
+
+def worker_info() -> tuple[int, int]:
+    """``(worker_id, num_workers)`` of the current DataLoader worker, ``(0, 1)`` outside one."""
+    info = get_worker_info()
+    return (info.id, info.num_workers) if info is not None else (0, 1)
+
+
+def split_by_node(src: Iterable[Any], group: Any = None) -> Iterator[Any]:
+    """This rank's share of a shard stream: every ``world``-th item starting at ``rank``."""
+    rank, world = node_info()
+    return itertools.islice(src, rank, None, world)
+
+
+def split_by_worker(src: Iterable[Any]) -> Iterator[Any]:
+    """This DataLoader worker's share of a shard stream."""
+    worker, count = worker_info()
+    return itertools.islice(src, worker, None, count)
+
+
+def _url(item: Any) -> str:
+    return item["url"] if isinstance(item, dict) else item  # type: ignore[no-any-return]
+
+
+def stream_samples(
+    urls: Iterable[Any],
+    *,
+    config: EngineConfig,
+    handler: Callable[[BaseException], bool] = reraise_exception,
+    stats: Stats | None = None,
+    backends: dict[str, Any] | None = None,
+    backend_options: dict[str, Any] | None = None,
+    log_interval: float | None = None,
+    select_files: Callable[[str], bool] | None = None,
+    rename_files: Callable[[str], str] | None = None,
+) -> Generator[Any, None, None]:
+    """Samples of the shards in ``urls`` (a list or a lazy stream of URLs or ``{"url": ...}``), from a
+    bridge that lives exactly as long as this generator."""
+    bridge = Bridge(
+        (_url(item) for item in urls) if not isinstance(urls, list) else [_url(u) for u in urls],
+        config=config, handler=handler, stats=stats or Stats(), backends=backends,
+        backend_options=backend_options, log_interval=log_interval,
+        engine_options={"select_files": select_files, "rename_files": rename_files},
+    )
+    bridge.start()
+    try:
+        for batch in bridge.batches():
+            for item in batch:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+    finally:
+        bridge.close()
+
+
+def _tarfile_to_samples(src: Iterable[Any], handler: Any = None, select_files: Any = None, rename_files: Any = None,
+                        **engine: Any) -> Iterator[Any]:
+    config = EngineConfig().replace(**engine) if engine else EngineConfig()
+    return stream_samples(src, config=config, handler=resolve_handler(handler), select_files=select_files,
+                          rename_files=rename_files)
+
+
+def tarfile_to_samples(handler: Any = None, select_files: Callable[[str], bool] | None = None,
+                       rename_files: Callable[[str], str] | None = None, **engine: Any) -> Stage:
+    """Stage: a stream of shard URLs -> samples, through the async engine. ``engine`` takes
+    :class:`~wds_async.config.EngineConfig` fields (``max_connections=``, ``max_buffered_bytes=``, ...)."""
+    return Stage(_tarfile_to_samples, handler=handler, select_files=select_files, rename_files=rename_files,
+                 **engine)
+
+
+class SimpleShardList(IterableDataset):  # type: ignore[type-arg]
+    """Yields ``{"url": u}`` for each shard URL (brace patterns expanded), optionally shuffled by ``seed``."""
+
+    def __init__(self, urls: str | Iterable[str], seed: int | None = None) -> None:
+        super().__init__()
+        self.urls = expand_urls(urls)
+        self.seed = seed
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return len(self.urls)
+
+    def __iter__(self) -> Iterator[dict[str, str]]:
+        urls = list(self.urls)
+        if self.seed is not None:
+            random.Random(f"{self.seed}:{self.epoch}").shuffle(urls)
+        for url in urls:
+            yield {"url": url}
+
+
+class ResampledShards(IterableDataset):  # type: ignore[type-arg]
+    """An endless (or ``nshards`` long) stream of shards drawn with replacement.
+
+    Each rank and worker draws independently. ``deterministic=True`` seeds from ``(seed, rank, worker,
+    epoch)`` so a run can be repeated; otherwise each process seeds from the OS."""
+
+    def __init__(self, urls: str | Iterable[str], nshards: int = sys.maxsize, seed: int = 0,
+                 worker_seed: Callable[[], int] | None = None, deterministic: bool = False) -> None:
+        super().__init__()
+        self.urls = expand_urls(urls)
+        self.nshards = nshards
+        self.seed = seed
+        self.worker_seed = worker_seed
+        self.deterministic = deterministic
+        self.epoch = 0
+
+    def __iter__(self) -> Iterator[dict[str, str]]:
+        if self.worker_seed is not None:
+            rng = random.Random(self.worker_seed())
+        elif self.deterministic:
+            rank, _ = node_info()
+            worker, _ = worker_info()
+            rng = random.Random(f"{self.seed}:{rank}:{worker}:{self.epoch}")
+        else:
+            rng = random.Random()
+        for _ in range(self.nshards):
+            yield {"url": rng.choice(self.urls)}
+
+
+class DataPipeline(FluidPipeline):
+    """``DataPipeline(source, stage, stage, ...)``: a source (an iterable, IterableDataset or DataLoader,
+    or a callable returning an iterator) followed by ``iterator -> iterator`` stages."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__()
+        steps: list[Any] = []
+        for arg in args:
+            if arg is None:
+                continue
+            steps.extend(arg) if isinstance(arg, list) else steps.append(arg)
+        if not steps:
+            raise ValueError("DataPipeline needs at least a source")
+        self.pipeline = steps
+
+    @staticmethod
+    def _invoke(step: Any, *args: Any) -> Any:
+        if not args and isinstance(step, (IterableDataset, DataLoader)):
+            return iter(step)
+        if not args and isinstance(step, list):
+            return iter(step)
+        if callable(step):
+            return step(*args)
+        if not args and isinstance(step, Iterable):
+            return iter(step)
+        raise ValueError(f"{step!r} is not a valid pipeline stage")
+
+    def _source(self) -> Iterator[Any]:
+        stream = self._invoke(self.pipeline[0])
+        for step in self.pipeline[1:]:
+            stream = self._invoke(step, stream)
+        return stream  # type: ignore[no-any-return]
+
+    def append(self, step: Any) -> None:
+        self.pipeline.append(step)
+
+
+class WebLoader(DataPipeline):
+    """A ``torch.utils.data.DataLoader`` with the fluid interface: ``WebLoader(ds, num_workers=4,
+    batch_size=None).unbatched().shuffle(1000).batched(64)``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(DataLoader(*args, **kwargs))
