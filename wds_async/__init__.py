@@ -8,8 +8,10 @@ The public API is what this module re-exports (checked by ``tests/unit/test_expo
 
 from .config import EngineConfig, RetryPolicy
 from .dataset import WebDataset
+from .decoders import Continue, Decoder, ImageHandler, basichandlers, handle_extension, imagehandler
 from .errors import (
     BackendError,
+    DecodingError,
     MissingDependency,
     NotFound,
     PermissionDenied,
@@ -23,6 +25,7 @@ from .errors import (
 )
 from .filters import (
     batched,
+    decode,
     detshuffle,
     listed,
     map,
@@ -55,6 +58,14 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BackendError",
+    "Continue",
+    "Decoder",
+    "DecodingError",
+    "ImageHandler",
+    "basichandlers",
+    "decode",
+    "handle_extension",
+    "imagehandler",
     "DataPipeline",
     "ResampledShards",
     "SimpleShardList",

@@ -13,7 +13,8 @@ this tree at the boundary; nothing above the backends sees a foreign exception t
     │   └── PipeError                          a ``pipe:`` command exited non-zero or was killed
     ├── ShardFormatError(WdsError, ValueError) the bytes are not a valid (gzipped) tar
     │   └── TruncatedShard                     the archive ends mid-member or before its end marker
-    └── SampleError(WdsError, ValueError)      a member breaks the grouping rules (repeated extension)
+    ├── SampleError(WdsError, ValueError)      a member breaks the grouping rules (repeated extension)
+    └── DecodingError(WdsError, ValueError)    a field could not be decoded (cause chained; pickle not allowed)
 
 Context lives in attributes (``url``, ``offset``, ``member``), never appended to ``args``; ``str()``
 renders them after the message so a log line always names the shard and the byte.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 __all__ = [
     "BackendError",
+    "DecodingError",
     "MissingDependency",
     "NotFound",
     "PermissionDenied",
@@ -126,3 +128,18 @@ class SampleError(WdsError, ValueError):
     ) -> None:
         super().__init__(message, url=url, offset=offset)
         self.member = member
+
+
+class DecodingError(WdsError, ValueError):
+    """A field of a sample could not be decoded; the cause is chained as ``__cause__``.
+
+    ``key`` is the sample's ``__key__``, ``field`` the failing field (its extension, ``"seg.json"``).
+    """
+
+    def __init__(self, message: str, *, url: str | None = None, offset: int | None = None,
+                 key: str | None = None, field: str | None = None) -> None:
+        super().__init__(message, url=url, offset=offset)
+        self.key = key
+        self.field = field
+
+    k = property(lambda self: self.field, doc="webdataset's name for ``field``.")

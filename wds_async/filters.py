@@ -1,7 +1,7 @@
 """Stage factories for the pipeline form: ``wds.shuffle(1000)``, ``wds.to_tuple("jpg", "cls")``, ...
 
 Each returns a picklable :class:`~wds_async.fluid.Stage` (``iterator -> iterator``), the same steps the
-fluid methods append. ``decode`` lives in :mod:`wds_async.decoders` and is re-exported by the package.
+fluid methods append.
 """
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ import random
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from . import decoders as _d
 from . import stages as _s
 from .fluid import Stage, pipelinefilter
 
-__all__ = ["batched", "detshuffle", "listed", "map", "map_dict", "map_tuple", "rename", "select", "shuffle", "slice",
+__all__ = ["batched", "decode", "detshuffle", "listed", "map", "map_dict", "map_tuple", "rename", "select", "shuffle", "slice",
            "to_tuple", "unbatched", "unlisted"]
 
 shuffle = pipelinefilter(_s.shuffle)
@@ -25,6 +26,7 @@ map_tuple = pipelinefilter(_s.map_tuple)
 rename = pipelinefilter(_s.rename)
 slice = pipelinefilter(_s.slice_stage)  # noqa: A001 - webdataset's public name
 batched = pipelinefilter(_s.batched)
+decode = pipelinefilter(_d.decode)
 unlisted = pipelinefilter(_s.unlisted)
 
 
