@@ -53,10 +53,13 @@ from .pipeline import (
 )
 from .stages import default_collation_fn
 from .urls import braceexpand, expand_urls
+from .writer import ShardWriter, TarWriter
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ShardWriter",
+    "TarWriter",
     "BackendError",
     "Continue",
     "Decoder",
