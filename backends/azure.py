@@ -47,7 +47,7 @@ from wds_async.errors import BackendError, PermissionDenied, TransientError, Url
 from wds_async.urls import redact_url
 
 from .base import ByteStream, glob_prefix, glob_regex, status_error
-from .http import HttpBackend, identity_from_headers
+from .http import HttpBackend
 
 __all__ = ["AzureBackend", "parse_connection_string"]
 
@@ -289,12 +289,7 @@ class AzureBackend(HttpBackend):
         target_url = self.request_url(url)
         response = await self._send("GET", url, target_url, await self.request_headers(url, start, end), start)
         try:
-            skip = start if (response.status == 200 and start) else 0
-            stream = ByteStream(
-                self._chunks(response, redact_url(url), start, skip, response.content_length, end),
-                start=start, identity=identity_from_headers(response.headers, response.status),
-                info={"status": response.status},
-            )
+            stream = self.stream_from(response, redact_url(url), start, end)
             try:
                 yield stream
             finally:

@@ -30,6 +30,14 @@ __all__ = ["HttpBackend"]
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 
 
+_URL_QUERY = re.compile(r"((?:https?|s3|gs|az)://[^\s'\"?]*)\?[^\s'\"]*")
+
+
+def _safe(exc: BaseException) -> str:
+    """An aiohttp error as text with any URL query (a signature, a SAS token) removed."""
+    return _URL_QUERY.sub(r"\1?***", str(exc)) or type(exc).__name__
+
+
 def _check_url(url: str) -> None:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -133,25 +141,30 @@ class HttpBackend:
         except aiohttp.InvalidURL:
             raise UrlError("malformed URL", url=shown) from None
         except aiohttp.ClientConnectionError as exc:
-            raise TransientError(f"connection failed: {exc}", url=shown, offset=start) from None
+            raise TransientError(f"connection failed: {_safe(exc)}", url=shown, offset=start) from None
         except aiohttp.ClientError as exc:
-            raise BackendError(f"request failed: {exc}", url=shown, offset=start) from None
+            # Only the type: str() of some aiohttp errors embeds the request URL, which may carry a signature.
+            raise BackendError(f"request failed: {type(exc).__name__}", url=shown, offset=start) from None
         try:
             if response.status not in (200, 206):
                 raise await self.response_error(response, shown, start)
-            skip = start if (response.status == 200 and start) else 0
-            identity = identity_from_headers(response.headers, response.status)
-            length = response.content_length
-            stream = ByteStream(
-                self._chunks(response, shown, start, skip, length, end),
-                start=start, identity=identity, info={"status": response.status},
-            )
+            stream = self.stream_from(response, shown, start, end)
             try:
                 yield stream
             finally:
                 await stream.aclose()
         finally:
             response.release() if response.content.at_eof() else response.close()
+
+    def stream_from(self, response: aiohttp.ClientResponse, shown: str, start: int, end: int | None) -> ByteStream:
+        """The :class:`ByteStream` of a 200/206 response to a request for ``[start, end)``; a 200 to a
+        ranged request (the server ignored Range) skips the first ``start`` bytes itself."""
+        skip = start if (response.status == 200 and start) else 0
+        return ByteStream(
+            self._chunks(response, shown, start, skip, response.content_length, end),
+            start=start, identity=identity_from_headers(response.headers, response.status),
+            info={"status": response.status},
+        )
 
     async def _chunks(
         self, response: aiohttp.ClientResponse, url: str, start: int, skip: int, length: int | None,
@@ -174,7 +187,7 @@ class HttpBackend:
                 raise TransientError(f"connection closed mid-body ({exc.__class__.__name__})", url=url,
                                      offset=pos) from None
             except aiohttp.ClientError as exc:
-                raise TransientError(f"read failed: {exc}", url=url, offset=pos) from None
+                raise TransientError(f"read failed: {_safe(exc)}", url=url, offset=pos) from None
             if not chunk:
                 break
             received += len(chunk)
@@ -204,7 +217,7 @@ class HttpBackend:
                     raise await self.response_error(response, shown, 0)
                 return response.content_length
         except aiohttp.ClientError as exc:
-            raise TransientError(f"HEAD failed: {exc}", url=shown) from None
+            raise TransientError(f"HEAD failed: {_safe(exc)}", url=shown) from None
 
     async def list(self, pattern: str) -> list[str]:
         raise BackendError("plain http(s) has no listing API: give the shard names with a brace pattern such as "

@@ -148,3 +148,11 @@ def test_secrets_never_appear_in_errors_or_repr(store: StoreProcess) -> None:
     text = str(info.value) + repr(info.value) + str(info.value.url)
     assert "hunter2" not in text and "s3cr3t" not in text
     assert "missing.tar" in text
+
+
+def test_aiohttp_error_text_never_carries_a_signature() -> None:
+    from wds_async.backends.http import _safe
+
+    text = _safe(Exception("400, message='Bad', url='https://acct.blob.core.windows.net/c/b?sv=1&sig=SECRET'"))
+    assert "SECRET" not in text and "acct.blob.core.windows.net/c/b" in text
+    assert _safe(Exception("Cannot connect to host 127.0.0.1:80")) == "Cannot connect to host 127.0.0.1:80"
