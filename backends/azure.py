@@ -288,14 +288,8 @@ class AzureBackend(HttpBackend):
     async def open(self, url: str, *, start: int = 0, end: int | None = None) -> AsyncIterator[ByteStream]:
         target_url = self.request_url(url)
         response = await self._send("GET", url, target_url, await self.request_headers(url, start, end), start)
-        try:
-            stream = self.stream_from(response, redact_url(url), start, end)
-            try:
-                yield stream
-            finally:
-                await stream.aclose()
-        finally:
-            response.release() if response.content.at_eof() else response.close()
+        async with self.streaming(response, redact_url(url), start, end) as stream:
+            yield stream
 
     async def size(self, url: str) -> int | None:
         """Content-Length of a HEAD (Get Blob Properties)."""

@@ -145,9 +145,20 @@ class HttpBackend:
         except aiohttp.ClientError as exc:
             # Only the type: str() of some aiohttp errors embeds the request URL, which may carry a signature.
             raise BackendError(f"request failed: {type(exc).__name__}", url=shown, offset=start) from None
-        try:
-            if response.status not in (200, 206):
+        if response.status not in (200, 206):
+            try:
                 raise await self.response_error(response, shown, start)
+            finally:
+                response.close()
+        async with self.streaming(response, shown, start, end) as stream:
+            yield stream
+
+    @asynccontextmanager
+    async def streaming(self, response: aiohttp.ClientResponse, shown: str, start: int, end: int | None
+                        ) -> AsyncIterator[ByteStream]:
+        """Own a 200/206 ``response`` as a :class:`ByteStream`: on exit the chunk iterator is finalised and
+        the connection returns to the pool when the body was read to the end, else it is closed."""
+        try:
             stream = self.stream_from(response, shown, start, end)
             try:
                 yield stream
