@@ -14,7 +14,8 @@ from wds_async.errors import MissingDependency, UrlError
 
 from .base import Backend, ByteStream, ObjectIdentity
 
-__all__ = ["Backend", "ByteStream", "ObjectIdentity", "REGISTRY", "backend_class", "backend_key", "supported_schemes"]
+__all__ = ["Backend", "ByteStream", "ObjectIdentity", "REGISTRY", "backend_class", "backend_key", "supported_schemes",
+           "validate_url"]
 
 #: scheme -> ("module:Class", extra or None)
 REGISTRY: dict[str, tuple[str, str | None]] = {
@@ -50,17 +51,38 @@ def supported_schemes() -> list[str]:
     return sorted(k for k in REGISTRY if k != "azure")
 
 
+def _unknown_scheme(scheme: str, url: str | None) -> UrlError:
+    return UrlError(
+        f"unknown URL scheme {scheme!r}; supported: {', '.join(s + ':' for s in supported_schemes())} "
+        "and bare local paths",
+        url=url,
+    )
+
+
+def validate_url(url: str) -> None:
+    """Check a URL's shape without importing any backend: a known scheme, a host for http(s), a command
+    for ``pipe:``. Raises :class:`UrlError` naming the (redacted) URL."""
+    from wds_async.urls import redact_url
+
+    from .base import check_http_url
+    from .pipe import pipe_command
+
+    key = backend_key(url)
+    if key not in REGISTRY:
+        raise _unknown_scheme(key, redact_url(url))
+    if key in ("http", "https"):
+        check_http_url(url)
+    elif key == "pipe":
+        pipe_command(url)
+
+
 def backend_class(scheme: str, url: str | None = None) -> type[Any]:
     """The backend class for ``scheme``; raises UrlError for unknown schemes, MissingDependency for
     schemes whose optional SDK is absent."""
     try:
         target, extra = REGISTRY[scheme]
     except KeyError:
-        raise UrlError(
-            f"unknown URL scheme {scheme!r}; supported: {', '.join(s + ':' for s in supported_schemes())} "
-            "and bare local paths",
-            url=url,
-        ) from None
+        raise _unknown_scheme(scheme, url) from None
     module_name, _, class_name = target.partition(":")
     try:
         module = importlib.import_module(module_name)

@@ -21,7 +21,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Backend", "ByteStream", "ObjectIdentity", "glob_prefix", "glob_regex", "has_glob", "status_error"]
+__all__ = ["Backend", "ByteStream", "ObjectIdentity", "check_http_url", "glob_prefix", "glob_regex", "has_glob", "status_error"]
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,19 @@ class Backend(Protocol):
     async def aclose(self) -> None:
         """Release sessions and other resources; the backend is unusable afterwards."""
         ...
+
+
+def check_http_url(url: str) -> None:
+    """Raise UrlError unless ``url`` is an http(s) URL with a host."""
+    from urllib.parse import urlsplit
+
+    from wds_async.errors import UrlError
+    from wds_async.urls import redact_url
+
+    parts = urlsplit(url)
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        raise UrlError("malformed http(s) URL: it needs a host, as in https://host/path/shard.tar",
+                       url=redact_url(url))
 
 
 def status_error(status: int, url: str, reason: str = "", *, offset: int | None = None) -> Exception:

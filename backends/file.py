@@ -11,7 +11,7 @@ import asyncio
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import BinaryIO
+from typing import Any, BinaryIO
 from urllib.parse import unquote, urlsplit
 
 from wds_async.errors import BackendError, NotFound, PermissionDenied, UrlError
@@ -47,7 +47,7 @@ def _open_error(exc: OSError, url: str) -> BackendError:
     return BackendError(f"cannot read file: {exc.strerror or exc}", url=url)
 
 
-def _close_result(future: asyncio.Future[BinaryIO]) -> None:
+def _close_result(future: asyncio.Future[Any]) -> None:
     if not future.cancelled() and future.exception() is None:
         future.result().close()
 

@@ -16,14 +16,13 @@ import asyncio
 import re
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from urllib.parse import urlsplit
 
 import aiohttp
 
 from wds_async.errors import BackendError, TransientError, UrlError, WdsError
 from wds_async.urls import redact_url
 
-from .base import ByteStream, ObjectIdentity, status_error
+from .base import ByteStream, ObjectIdentity, check_http_url, status_error
 
 __all__ = ["HttpBackend"]
 
@@ -36,13 +35,6 @@ _URL_QUERY = re.compile(r"((?:https?|s3|gs|az)://[^\s'\"?]*)\?[^\s'\"]*")
 def _safe(exc: BaseException) -> str:
     """An aiohttp error as text with any URL query (a signature, a SAS token) removed."""
     return _URL_QUERY.sub(r"\1?***", str(exc)) or type(exc).__name__
-
-
-def _check_url(url: str) -> None:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UrlError("malformed http(s) URL: it needs a host, as in https://host/path/shard.tar",
-                       url=redact_url(url))
 
 
 def identity_from_headers(headers: Mapping[str, str], status: int) -> ObjectIdentity:
@@ -99,7 +91,7 @@ class HttpBackend:
 
     def request_url(self, url: str) -> str:
         """The URL actually fetched (cloud backends map their scheme to an https endpoint)."""
-        _check_url(url)
+        check_http_url(url)
         return url
 
     async def resolve(self, url: str, start: int, end: int | None, method: str = "GET") -> tuple[str, dict[str, str]]:

@@ -24,7 +24,7 @@ from wds_async.errors import BackendError, NotFound, PipeError, UrlError
 
 from .base import ByteStream
 
-__all__ = ["PipeBackend", "pipes_allowed"]
+__all__ = ["PipeBackend", "pipe_command", "pipes_allowed"]
 
 STDERR_TAIL_BYTES = 2048
 
@@ -35,7 +35,8 @@ def pipes_allowed(allow_pipe: bool | None = None) -> bool:
     return os.environ.get("WDS_ASYNC_NO_PIPE", "").strip().lower() not in ("1", "true", "yes", "on")
 
 
-def _command(url: str) -> str:
+def pipe_command(url: str) -> str:
+    """The shell command of a ``pipe:`` URL; UrlError when there is none."""
     cmd = url[len("pipe:"):].strip()
     if not cmd:
         raise UrlError("pipe: URL has no command after 'pipe:'", url=url)
@@ -73,7 +74,7 @@ class PipeBackend:
     async def open(self, url: str, *, start: int = 0, end: int | None = None) -> AsyncIterator[ByteStream]:
         if not pipes_allowed(self.allow_pipe):
             raise UrlError("pipe: URLs are disabled (WDS_ASYNC_NO_PIPE is set or allow_pipe=False)", url=url)
-        cmd = _command(url)
+        cmd = pipe_command(url)
         with tempfile.TemporaryFile() as errfile:
             try:
                 proc = await asyncio.create_subprocess_shell(

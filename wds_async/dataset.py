@@ -18,11 +18,9 @@ import logging
 import random
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
-from urllib.parse import urlsplit
 
-from .backends import REGISTRY, backend_key, supported_schemes
+from .backends import validate_url
 from .config import EngineConfig, RetryPolicy
-from .errors import UrlError
 from .fluid import FluidPipeline
 from .handlers import resolve_handler
 from .listing import expand_globs
@@ -33,21 +31,6 @@ from .urls import expand_urls, redact_url
 __all__ = ["WebDataset"]
 
 log = logging.getLogger("wds_async")
-
-
-def _validate(url: str) -> None:
-    key = backend_key(url)
-    if key not in REGISTRY:
-        raise UrlError(
-            f"unknown URL scheme {key!r}; supported: {', '.join(s + ':' for s in supported_schemes())} "
-            "and bare local paths", url=redact_url(url))
-    if key in ("http", "https"):
-        parts = urlsplit(url)
-        if not parts.hostname or not url.lower().startswith(key + "://"):
-            raise UrlError("malformed http(s) URL: it needs a host, as in https://host/path/shard.tar",
-                           url=redact_url(url))
-    if key == "pipe" and not url[len("pipe:"):].strip():
-        raise UrlError("pipe: URL has no command after 'pipe:'", url=url)
 
 
 class WebDataset(FluidPipeline):
@@ -113,7 +96,7 @@ class WebDataset(FluidPipeline):
             self._backend_options["allow_pipe"] = allow_pipe
         urls_list = expand_urls(urls)
         for url in urls_list:
-            _validate(url)
+            validate_url(url)
         self.urls = expand_globs(urls_list, self.config, self._backend_options, backends)
         self.handler = resolve_handler(handler)
         self.shardshuffle = bool(shardshuffle)

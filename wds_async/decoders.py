@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DecodingError, MissingDependency, WdsError
+from .errors import DecodingError, MissingDependency
 from .grouping import Sample
 from .handlers import reraise_exception
 

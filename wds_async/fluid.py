@@ -16,7 +16,7 @@ import contextlib
 import copy
 import random
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any
 
 from torch.utils.data import IterableDataset
@@ -64,7 +64,7 @@ class FluidPipeline(IterableDataset):  # type: ignore[type-arg]
     def _source(self) -> Iterator[Any]:
         raise NotImplementedError
 
-    def _iterate_once(self) -> Iterator[Any]:
+    def _iterate_once(self) -> Generator[Any, None, None]:
         source = self._source()
         stream: Iterator[Any] = source
         for stage in self._stages:

@@ -42,7 +42,7 @@ from typing import IO, Any
 
 
 from .backends.file import local_path
-from .backends.pipe import pipes_allowed
+from .backends.pipe import pipe_command, pipes_allowed
 from .errors import (
     BackendError,
     NotFound,
@@ -73,9 +73,7 @@ class _PipeSink:
     def __init__(self, url: str) -> None:
         if not pipes_allowed():
             raise UrlError("pipe: URLs are disabled (WDS_ASYNC_NO_PIPE is set)", url=url)
-        cmd = url[len("pipe:"):].strip()
-        if not cmd:
-            raise UrlError("pipe: URL has no command after 'pipe:'", url=url)
+        cmd = pipe_command(url)
         self.url, self._stopped_reading, self._done = url, False, False
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed when the command is reaped)
         try:
