@@ -45,23 +45,30 @@ def _skipped(name: str) -> bool:
 
 
 class Sample(dict):  # type: ignore[type-arg]
-    """A sample dict that remembers where it starts in its shard (``url``, ``offset``)."""
+    """A sample dict that remembers where it lies in its shard: ``url``, ``offset`` (its first member's
+    first header) and ``end`` (just past its last member's padding), so ``[offset, end)`` re-reads it.
+    ``item`` is the engine's work item it came from (set by the engine; None elsewhere)."""
 
     url: str | None
     offset: int | None
+    end: int | None
+    item: int | None
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
         self.url = None
         self.offset = None
+        self.end = None
+        self.item = None
 
     def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (_rebuild_sample, (dict(self), self.url, self.offset))
+        return (_rebuild_sample, (dict(self), self.url, self.offset, self.end, self.item))
 
 
-def _rebuild_sample(data: dict, url: str | None, offset: int | None) -> Sample:  # type: ignore[type-arg]
+def _rebuild_sample(data: dict, url: str | None, offset: int | None, end: int | None = None,  # type: ignore[type-arg]
+                    item: int | None = None) -> Sample:
     s = Sample(data)
-    s.url, s.offset = url, offset
+    s.url, s.offset, s.end, s.item = url, offset, end, item
     return s
 
 
@@ -128,6 +135,7 @@ class Grouper:
                 )
                 continue
             current[ext] = member.data
+            current.end = member.end
             self.pending_bytes += len(member.data)
         return done
 

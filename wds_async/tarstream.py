@@ -56,11 +56,13 @@ _SKIP, _FILE, _PAX_X, _NAME = range(4)
 
 @dataclass(frozen=True, slots=True)
 class Member:
-    """A regular file of the archive: full path, offset of its first header block, content."""
+    """A regular file of the archive: full path, offset of its first header block, content, and ``end``:
+    the offset just past its data's padding (where the next entry's header starts)."""
 
     name: str
     offset: int
     data: bytes = field(repr=False)
+    end: int = -1
 
 
 def _excerpt(buf: bytes | bytearray | memoryview, limit: int = 40) -> str:
@@ -159,6 +161,15 @@ class TarParser:
             # The caller may overwrite its buffer once we return: own what we keep of it.
             self._parts = [p if isinstance(p, bytes) or p.readonly else p.tobytes() for p in self._parts]
         return out
+
+    @property
+    def at_boundary(self) -> bool:
+        """Whether the parser stands between two entries (or after the end marker): no member, header or
+        extended-header chain is half read. A ranged read that ends at a sample boundary ends here."""
+        if self._state == _DONE:
+            return True
+        return (self._state == _HEADER and not self._hbuf and self._prefix_off is None
+                and not (self._gzip and self._gz is not None) and not self._sniff)
 
     def close(self) -> None:
         """Declare the end of the stream; raise :class:`TruncatedShard` unless the archive was whole."""
@@ -299,7 +310,7 @@ class TarParser:
         self._parts = []
         self._parts_len = 0
         if self._kind == _FILE:
-            out.append(Member(self._name, self._entry_off, data))
+            out.append(Member(self._name, self._entry_off, data, self._pos + self._pad))
         elif self._kind == _PAX_X:
             self._apply_pax(data)
         elif self._kind == _NAME and self._next_name is None:
