@@ -30,6 +30,7 @@ from .config import EngineConfig
 from .engine import BackendSet, Engine
 from .queues import ByteBudget, SampleChannel
 from .stats import Stats
+from .work import ItemDone
 
 __all__ = ["Bridge", "new_event_loop"]
 
@@ -162,7 +163,7 @@ class Bridge:
             if not items and not done and not thread.is_alive():
                 raise RuntimeError("the wds-async engine thread stopped unexpectedly") from self._startup_error
             stats.wait_seconds += time.perf_counter() - started
-            stats.samples_delivered += len(items)
+            stats.samples_delivered += len(items) - sum(type(i) is ItemDone for i in items)
             if items:
                 yield items
             if done:

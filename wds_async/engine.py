@@ -20,19 +20,21 @@ from __future__ import annotations
 import asyncio
 import builtins
 import logging
-import random
 import time
-from collections.abc import Callable, Iterable, Mapping, Sized
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
+from contextlib import aclosing
 from typing import Any
 
 from ._compat import TaskGroup
 from .config import EngineConfig
-from .errors import BackendError, TransientError, WdsError
+from .errors import TruncatedShard, WdsError
 from .grouping import Grouper, Sample, sample_nbytes
 from .queues import ByteBudget, ChannelClosed, SampleChannel
 from .stats import Stats
+from .reader import RangeReader
 from .tarstream import TarParser
 from .urls import redact_url
+from .work import ItemDone, WorkItem
 
 __all__ = ["BackendSet", "Engine", "Handler"]
 
@@ -131,7 +133,7 @@ class Engine:
 
     async def run(self) -> None:
         """Fetch every shard; errors that escape the handler logic are delivered via the channel."""
-        shards = iter(self.urls)
+        shards = self._items()
         try:
             async with TaskGroup() as outer:
                 logger = outer.create_task(self._log_periodically()) if self.log_interval else None
@@ -153,6 +155,11 @@ class Engine:
             self.stats.finished = time.perf_counter()
             self.channel.finish()
 
+    def _items(self) -> Iterator[WorkItem]:
+        """The work in order: work items as given, or one whole-shard item per plain URL."""
+        for n, entry in enumerate(self.urls):
+            yield entry if isinstance(entry, WorkItem) else WorkItem(id=n, shard=n, url=entry)
+
     def _fail(self, exc: BaseException) -> None:
         if isinstance(exc, ChannelClosed):
             return
@@ -168,16 +175,17 @@ class Engine:
             await asyncio.sleep(self.log_interval)
             log.info("wds-async: %s", self.stats.line())
 
-    async def _reader(self, shards: Iterable[str]) -> None:
-        for url in shards:
+    async def _reader(self, items: Iterator[WorkItem]) -> None:
+        for item in items:
             if self._stopping or self.channel.abandoned:
                 return
             token = object()
             self.channel.open_shard(token)
             self.stats.shards_in_flight += 1
             try:
-                await self._fetch_shard(url, token)
+                await self._fetch_item(item, token)
                 self.stats.shards_done += 1
+                self.channel.put(token, ItemDone(item.id), 0)
             except ChannelClosed:
                 return
             except _Stop:
@@ -187,25 +195,28 @@ class Engine:
                 self.channel.put_error(token, raised.error)
                 self._stopping = True
             except (WdsError, OSError) as exc:
-                self._shard_failed(token, exc)
+                if self._shard_failed(token, exc) and not self.channel.abandoned:
+                    self.channel.put(token, ItemDone(item.id), 0)
             finally:
                 self.stats.shards_in_flight -= 1
                 self.budget.forget(token)
                 if not self.channel.abandoned:
                     self.channel.close_shard(token)
 
-    def _shard_failed(self, token: object, exc: BaseException) -> None:
+    def _shard_failed(self, token: object, exc: BaseException) -> bool:
+        """Ask the handler about a failed item; True when it chose to skip it (and go on)."""
         try:
             keep_going = self.handler(exc)
         except BaseException as raised:  # noqa: BLE001 - delivered to the consumer, not swallowed
             self.channel.put_error(token, raised)
             self._stopping = True
-            return
+            return False
         if keep_going:
             self.stats.shards_skipped += 1
-        else:
-            self.channel.put_stop(token)
-            self._stopping = True
+            return True
+        self.channel.put_stop(token)
+        self._stopping = True
+        return False
 
     def _on_sample_error(self, err: WdsError) -> None:
         try:
@@ -216,74 +227,79 @@ class Engine:
             raise _Stop()
         self.stats.samples_skipped += 1
 
-    def _emit(self, token: object, samples: list[Sample], held: int, parser: TarParser, grouper: Grouper) -> int:
+    def _emit(self, token: object, item: WorkItem, samples: list[Sample], held: int, parser: TarParser,
+              grouper: Grouper) -> int:
         """Put complete samples into the channel and re-account the bytes this reader holds."""
         emitted = 0
         for sample in samples:
             nbytes = sample_nbytes(sample)
             emitted += nbytes
+            sample.item = item.id
             self.channel.put(token, sample, nbytes)
         self.stats.samples_read += len(samples)
         new_held = parser.pending_bytes + grouper.pending_bytes
         self.budget.add(new_held + emitted - held)
         return new_held
 
-    async def _fetch_shard(self, url: str, token: object) -> None:
-        shown = redact_url(url)
-        backend = self.backends.for_url(url)
-        parser = TarParser(url=shown)
-        grouper = Grouper(shown, self._on_sample_error, select_files=self.select_files,
+    async def _is_gzip(self, backend: Any, item: WorkItem) -> bool:
+        """Look at the first two bytes of an object whose compression is unknown."""
+        head = b""
+        reader = RangeReader(backend, item.url, start=0, end=2, policy=self.config.retry, expect=item.expect)
+        async with aclosing(reader.chunks()) as chunks:
+            async for chunk in chunks:
+                head += chunk
+        return head[:2] == b"\x1f\x8b"
+
+    async def _fetch_item(self, item: WorkItem, token: object) -> None:
+        """Stream one work item through a parser and a grouper into the channel.
+
+        An uncompressed item is read as the byte range ``[start, end)`` and must end at a member boundary
+        (or, without ``end``, at the archive's end marker). A compressed one is inflated from byte 0; its
+        members outside ``[start, end)`` are dropped before grouping, and reading stops at ``end``.
+        """
+        backend = self.backends.for_url(item.url)
+        compressed = item.compressed
+        if compressed is None and item.start > 0:
+            compressed = await self._is_gzip(backend, item)
+        ranged = not compressed
+        first = item.start if ranged else 0
+        reader = RangeReader(backend, item.url, start=first, end=item.end if ranged else None,
+                             policy=self.config.retry, stats=self.stats, expect=item.expect)
+        parser = TarParser(url=reader.shown, start_offset=first)
+        grouper = Grouper(reader.shown, self._on_sample_error, select_files=self.select_files,
                           rename_files=self.rename_files)
-        policy = self.config.retry
-        pos = 0  # bytes of the source consumed (compressed bytes for .tar.gz): where a retry resumes
-        identity = None
-        failures = 0
-        first_failure = 0.0
+        lo, hi = item.start, item.end
+        filtered = not ranged and (lo > 0 or hi is not None)
         held = 0
         try:
-            while True:
-                progress_at_start = pos
-                try:
-                    async with backend.open(url, start=pos) as stream:
-                        if identity is None:
-                            identity = stream.identity
-                        else:
-                            conflict = identity.conflicts_with(stream.identity)
-                            if conflict:
-                                raise BackendError(
-                                    f"the object changed between attempts ({conflict}); refusing to splice two "
-                                    "versions of one shard", url=shown, offset=pos)
-                        chunks = stream.__aiter__()
-                        while True:
-                            await self.budget.wait_for_room(token, self.channel)
-                            try:
-                                chunk = await chunks.__anext__()
-                            except StopAsyncIteration:
-                                break
-                            pos += len(chunk)
-                            self.stats.bytes_read += len(chunk)
-                            samples = grouper.push(parser.feed(chunk))
-                            held = self._emit(token, samples, held, parser, grouper)
-                    if identity.size is not None and pos < identity.size:
-                        raise TransientError(f"stream ended after {pos} of {identity.size} bytes", url=shown,
-                                             offset=pos)
-                    break
-                except TransientError as exc:
-                    if pos > progress_at_start:
-                        failures, first_failure = 0, 0.0
-                    failures += 1
-                    now = time.monotonic()
-                    first_failure = first_failure or now
-                    if failures >= policy.attempts or now - first_failure >= policy.deadline:
-                        raise TransientError(
-                            f"gave up after {failures} attempts over {now - first_failure:.1f} s: {exc.message}",
-                            url=shown, offset=pos) from exc
-                    delay = random.uniform(0, min(policy.max_delay, policy.base_delay * 2 ** (failures - 1)))
-                    log.info("retrying %s at byte %d in %.2f s: %s", shown, pos, delay, exc.message)
-                    self.stats.retries += 1
-                    await asyncio.sleep(delay)
-            parser.close()
-            self._emit(token, grouper.finish(), held, parser, grouper)
+            async with aclosing(reader.chunks()) as chunks:
+                chunk_iter = chunks.__aiter__()
+                while True:
+                    await self.budget.wait_for_room(token, self.channel)
+                    try:
+                        chunk = await chunk_iter.__anext__()
+                    except StopAsyncIteration:
+                        break
+                    members = parser.feed(chunk)
+                    if filtered:
+                        past = hi is not None and any(m.offset >= hi for m in members)
+                        members = [m for m in members if lo <= m.offset and (hi is None or m.offset < hi)]
+                        samples = grouper.push(members)
+                        held = self._emit(token, item, samples, held, parser, grouper)
+                        if past:
+                            break
+                        continue
+                    held = self._emit(token, item, grouper.push(members), held, parser, grouper)
+            if not ranged and hi is not None and reader.end is None and not parser.finished:
+                pass  # stopped early at the end of the wanted range of a compressed shard
+            elif item.end is None or not ranged:
+                parser.close()
+            elif not parser.at_boundary or parser.offset != item.end:
+                raise TruncatedShard(
+                    f"the range [{item.start}, {item.end}) did not end at a member boundary (stopped at "
+                    f"{parser.offset}); the index does not describe this shard", url=reader.shown,
+                    offset=parser.offset)
+            self._emit(token, item, grouper.finish(), held, parser, grouper)
             held = 0
         finally:
             if held:

@@ -10,6 +10,7 @@ this tree at the boundary; nothing above the backends sees a foreign exception t
     │   ├── NotFound(.., FileNotFoundError)    404, missing file, unknown command
     │   ├── PermissionDenied(.., PermissionError)  401/403, unreadable file
     │   ├── TransientError                     worth retrying: 5xx, 429, reset, stall, short body
+    │   ├── ObjectChanged                      the object is not the version an index or checkpoint names
     │   └── PipeError                          a ``pipe:`` command exited non-zero or was killed
     ├── ShardFormatError(WdsError, ValueError) the bytes are not a valid (gzipped) tar
     │   └── TruncatedShard                     the archive ends mid-member or before its end marker
@@ -27,6 +28,7 @@ __all__ = [
     "DecodingError",
     "MissingDependency",
     "NotFound",
+    "ObjectChanged",
     "PermissionDenied",
     "PipeError",
     "SampleError",
@@ -93,6 +95,12 @@ class PermissionDenied(BackendError, PermissionError):
 
 class TransientError(BackendError):
     """A failure worth retrying: server errors, throttling, dropped or stalled connections."""
+
+
+class ObjectChanged(BackendError):
+    """The object's identity (size, ETag, generation) differs from the one recorded earlier: between two
+    attempts of one read, or since an index or a checkpoint was made. Never retried: splicing two
+    versions of a shard, or splitting one by another's byte ranges, would deliver wrong samples."""
 
 
 class PipeError(BackendError):

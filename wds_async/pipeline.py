@@ -30,6 +30,7 @@ from .fluid import FluidPipeline, Stage
 from .handlers import reraise_exception, resolve_handler
 from .stats import Stats
 from .urls import expand_urls
+from .work import ItemDone
 
 __all__ = [
     "DataPipeline", "ResampledShards", "SimpleShardList", "WebLoader", "node_info", "split_by_node",
@@ -68,8 +69,8 @@ def split_by_worker(src: Iterable[Any]) -> Iterator[Any]:
     return itertools.islice(src, worker, None, count)
 
 
-def _url(item: Any) -> str:
-    return item["url"] if isinstance(item, dict) else item  # type: ignore[no-any-return]
+def _url(item: Any) -> Any:
+    return item["url"] if isinstance(item, dict) else item
 
 
 def stream_samples(
@@ -83,9 +84,14 @@ def stream_samples(
     log_interval: float | None = None,
     select_files: Callable[[str], bool] | None = None,
     rename_files: Callable[[str], str] | None = None,
+    on_sample: Callable[[Any], None] | None = None,
+    on_item_done: Callable[[int], None] | None = None,
 ) -> Generator[Any, None, None]:
-    """Samples of the shards in ``urls`` (a list or a lazy stream of URLs or ``{"url": ...}``), from a
-    bridge that lives exactly as long as this generator."""
+    """Samples of the shards in ``urls`` (a list or a lazy stream of URLs, ``{"url": ...}`` or
+    :class:`~wds_async.work.WorkItem`), from a bridge that lives exactly as long as this generator.
+
+    ``on_sample(sample)`` runs just before a sample is yielded, ``on_item_done(id)`` once all samples of a
+    work item were yielded: what a checkpoint needs to know."""
     bridge = Bridge(
         (_url(item) for item in urls) if not isinstance(urls, list) else [_url(u) for u in urls],
         config=config, handler=handler, stats=stats or Stats(), backends=backends,
@@ -98,6 +104,12 @@ def stream_samples(
             for item in batch:
                 if isinstance(item, BaseException):
                     raise item
+                if isinstance(item, ItemDone):
+                    if on_item_done is not None:
+                        on_item_done(item.id)
+                    continue
+                if on_sample is not None:
+                    on_sample(item)
                 yield item
     finally:
         bridge.close()

@@ -163,6 +163,11 @@ class TarParser:
         return out
 
     @property
+    def compressed(self) -> bool | None:
+        """Whether the stream is gzip (None until its first two bytes were seen)."""
+        return self._gzip
+
+    @property
     def at_boundary(self) -> bool:
         """Whether the parser stands between two entries (or after the end marker): no member, header or
         extended-header chain is half read. A ranged read that ends at a sample boundary ends here."""

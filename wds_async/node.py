@@ -1,0 +1,149 @@
+"""One connection and memory budget per node, divided among the node's loader processes.
+
+Every process that iterates a dataset (each DataLoader worker of each torchrun rank) runs its own
+engine. Left alone, each would take ``EngineConfig.max_connections`` (32) connections and
+``max_buffered_bytes`` (256 MiB): an 8-GPU node with 8 workers per rank runs 64 engines, so 2048
+connections and 16 GiB of buffers, far more than the network or the host memory wants. So the two
+limits are *node* settings and each process takes its share of them.
+
+The rule, for connections and bytes alike::
+
+    share = max(floor, node_value // processes)
+    share = min(share, per_process_value)   # only when capped, see below
+
+* ``processes`` is :func:`local_processes`: ``LOCAL_WORLD_SIZE`` (set by torchrun, default 1) times
+  the current DataLoader's ``num_workers`` (1 outside a worker), or ``WDS_ASYNC_LOCAL_PROCESSES``.
+  It assumes every rank on the node uses the same ``num_workers``.
+* ``node_value`` is the argument, else ``WDS_ASYNC_NODE_CONNECTIONS`` / ``WDS_ASYNC_NODE_BUFFERED_BYTES``
+  (an int, or a size such as ``"4GiB"``/``"512MB"``), else the node default: 256 connections and
+  2 GiB, that is 8 processes at today's per-process defaults (32 and 256 MiB). Up to 8 local
+  processes therefore behave exactly as before; more split the same totals.
+* The floors are 1 connection and 8 MiB: an engine needs one connection to make progress, and below
+  about 8 reads of the default 1 MiB chunk the budget is mostly the one-chunk-per-reader slack that
+  :class:`~wds_async.queues.ByteBudget` allows anyway, so a smaller share only makes readers stall.
+  A floor may exceed a node budget split among very many processes; it wins.
+* The share is capped by the config's per-process value when the user set that value (its name is in
+  ``explicit``), or when the node value is itself the default. So a lone process with no settings
+  keeps 32 connections and 256 MiB, while a node budget the user chose is divided as given.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass
+
+from torch.utils.data import get_worker_info
+
+from .config import EngineConfig
+
+__all__ = ["NodeShare", "local_processes", "parse_bytes", "share_config",
+           "NODE_CONNECTIONS", "NODE_BUFFERED_BYTES", "MIN_CONNECTIONS", "MIN_BUFFERED_BYTES"]
+
+MiB = 1 << 20
+GiB = 1 << 30
+NODE_CONNECTIONS = 256          # default node budget: 8 processes x 32
+NODE_BUFFERED_BYTES = 2 * GiB   # default node budget: 8 processes x 256 MiB
+MIN_CONNECTIONS = 1
+MIN_BUFFERED_BYTES = 8 * MiB
+
+ENV_PROCESSES = "WDS_ASYNC_LOCAL_PROCESSES"
+ENV_CONNECTIONS = "WDS_ASYNC_NODE_CONNECTIONS"
+ENV_BUFFERED_BYTES = "WDS_ASYNC_NODE_BUFFERED_BYTES"
+
+# KB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB powers of 1024; the "B" may be left out.
+_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+          "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30, "ti": 1 << 40}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?)?b?\s*", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class NodeShare:
+    """The node budgets, how many processes share them, and this process's share."""
+
+    processes: int
+    node_connections: int
+    node_buffered_bytes: int
+    max_connections: int
+    max_buffered_bytes: int
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def parse_bytes(text: str, name: str = "size") -> int:
+    """``"4GiB"``, ``"512MB"``, ``"1.5G"`` or ``"1048576"`` in bytes; ValueError naming ``name`` if not."""
+    m = _SIZE.fullmatch(text)
+    if m is None:
+        raise ValueError(f"{name}={text!r} is not a size (an int, or e.g. '512MB', '4GiB')")
+    value = int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
+    if value < 1:
+        raise ValueError(f"{name}={text!r} must be at least 1 byte")
+    return value
+
+
+def _positive(value: object, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def _env_int(name: str) -> int | None:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"{name}={text!r} must be a positive int")
+    return int(text)
+
+
+def local_processes() -> int:
+    """Loader processes on this node: ``LOCAL_WORLD_SIZE`` x DataLoader ``num_workers``.
+
+    ``WDS_ASYNC_LOCAL_PROCESSES``, when set, is taken as is (for launchers other than torchrun, or
+    ranks with different worker counts).
+    """
+    override = _env_int(ENV_PROCESSES)
+    if override is not None:
+        return override
+    ranks = _env_int("LOCAL_WORLD_SIZE") or 1
+    info = get_worker_info()
+    return ranks * (info.num_workers if info is not None else 1)
+
+
+def share_config(
+    config: EngineConfig,
+    *,
+    node_connections: int | None = None,
+    node_buffered_bytes: int | None = None,
+    processes: int | None = None,
+    explicit: frozenset[str] = frozenset(),
+) -> tuple[EngineConfig, NodeShare]:
+    """``config`` with this process's share of the node budgets (module docstring has the rule).
+
+    ``explicit`` names the per-process settings the user chose (``"max_connections"``,
+    ``"max_buffered_bytes"``): those always cap the share.
+    """
+    procs = local_processes() if processes is None else _positive(processes, "processes")
+    conn_set = node_connections is not None or ENV_CONNECTIONS in os.environ
+    if node_connections is not None:
+        node_conn = _positive(node_connections, "node_connections")
+    else:
+        node_conn = _env_int(ENV_CONNECTIONS) or NODE_CONNECTIONS
+    bytes_set = node_buffered_bytes is not None or ENV_BUFFERED_BYTES in os.environ
+    if node_buffered_bytes is not None:
+        node_bytes = _positive(node_buffered_bytes, "node_buffered_bytes")
+    else:
+        text = os.environ.get(ENV_BUFFERED_BYTES, "").strip()
+        node_bytes = parse_bytes(text, ENV_BUFFERED_BYTES) if text else NODE_BUFFERED_BYTES
+
+    connections = max(MIN_CONNECTIONS, node_conn // procs)
+    if "max_connections" in explicit or not conn_set:
+        connections = min(connections, config.max_connections)
+    buffered = max(MIN_BUFFERED_BYTES, node_bytes // procs)
+    if "max_buffered_bytes" in explicit or not bytes_set:
+        buffered = min(buffered, config.max_buffered_bytes)
+
+    share = NodeShare(processes=procs, node_connections=node_conn, node_buffered_bytes=node_bytes,
+                      max_connections=connections, max_buffered_bytes=buffered)
+    return config.replace(max_connections=connections, max_buffered_bytes=buffered), share
