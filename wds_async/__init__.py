@@ -14,6 +14,7 @@ from .errors import (
     DecodingError,
     MissingDependency,
     NotFound,
+    ObjectChanged,
     PermissionDenied,
     PipeError,
     SampleError,
@@ -42,6 +43,8 @@ from .filters import (
 from .fluid import Stage, pipelinefilter
 from .grouping import Sample
 from .handlers import ignore_and_continue, ignore_and_stop, reraise_exception, warn_and_continue, warn_and_stop
+from .index import ShardEntry, ShardIndex
+from .indexer import build_index
 from .pipeline import (
     DataPipeline,
     ResampledShards,
@@ -52,6 +55,7 @@ from .pipeline import (
     tarfile_to_samples,
 )
 from .stages import default_collation_fn
+from .state import merge_states
 from .urls import braceexpand, expand_urls
 from .writer import ShardWriter, TarWriter
 
@@ -97,6 +101,9 @@ __all__ = [
     "RetryPolicy",
     "Sample",
     "SampleError",
+    "ShardEntry",
+    "ShardIndex",
+    "ObjectChanged",
     "ShardFormatError",
     "TransientError",
     "TruncatedShard",
@@ -105,9 +112,11 @@ __all__ = [
     "WebDataset",
     "__version__",
     "braceexpand",
+    "build_index",
     "default_collation_fn",
     "expand_urls",
     "ignore_and_continue",
+    "merge_states",
     "ignore_and_stop",
     "reraise_exception",
     "split_by_node",

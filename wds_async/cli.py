@@ -1,4 +1,4 @@
-"""The ``wds-async`` command: ``bench``, ``ls``, ``verify``."""
+"""The ``wds-async`` command: ``bench``, ``index``, ``ls``, ``verify``."""
 
 from __future__ import annotations
 
@@ -56,6 +56,61 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _cmd_index(args: argparse.Namespace) -> int:
+    """Stream the shards once and write their index (see wds_async.index); a live bar on a terminal."""
+    import os
+    import time
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .backends.file import local_path
+    from .errors import UrlError
+    from .indexer import build_index
+    from .urls import scheme_of
+
+    if scheme_of(args.output) != "file":
+        raise UrlError("the index is written to a local path; copy it next to the shards afterwards",
+                       url=args.output)
+    folder = os.path.dirname(os.path.abspath(local_path(args.output)))
+    if not os.path.isdir(folder):
+        print(f"wds-async: error: cannot write {args.output}: no directory {folder}", file=sys.stderr)
+        return 2
+    console = Console(stderr=True, force_terminal=True if args.progress else None)
+    shown = not args.quiet and (args.progress or console.is_terminal)
+    bar = Progress(TextColumn("indexing"), BarColumn(), MofNCompleteColumn(), TextColumn("shards"),
+                   TextColumn("{task.fields[mb]:,.1f} MB  {task.fields[rate]:,.1f} MB/s"), TimeElapsedColumn(),
+                   console=console, transient=True, disable=not shown)
+    task = bar.add_task("index", total=None, mb=0.0, rate=0.0)
+    started, nbytes = time.perf_counter(), 0
+
+    def progress(done: int, total: int, read: int) -> None:
+        nonlocal nbytes
+        nbytes = read
+        rate = read / 1e6 / max(time.perf_counter() - started, 1e-9)
+        bar.update(task, completed=done, total=total, mb=read / 1e6, rate=rate)
+
+    with bar:
+        index = build_index(args.urls, max_connections=args.max_connections, progress=progress)
+    seconds = time.perf_counter() - started
+    try:
+        index.save(args.output)
+    except OSError as exc:
+        print(f"wds-async: error: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    if not args.quiet:
+        print(f"indexed {len(index.shards)} shards, {index.total_samples} samples, {nbytes / 1e6:,.1f} MB in "
+              f"{seconds:.2f} s ({nbytes / 1e6 / max(seconds, 1e-9):,.1f} MB/s) -> {args.output}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from . import bench
 
@@ -72,6 +127,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_verify = sub.add_parser("verify", help="read shards completely and report samples or errors")
     p_verify.add_argument("urls", nargs="+")
     p_verify.set_defaults(func=_cmd_verify)
+    p_index = sub.add_parser("index", help="stream shards once and write their index (keys and byte ranges)")
+    p_index.add_argument("urls", nargs="+")
+    p_index.add_argument("-o", "--output", required=True, help="the index file to write (a local path; .gz "
+                         "to compress)")
+    p_index.add_argument("-c", "--max-connections", type=_positive, default=16, help="shards in flight (default 16)")
+    p_index.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary line")
+    p_index.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is "
+                         "not a terminal")
+    p_index.set_defaults(func=_cmd_index)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     from .errors import WdsError

@@ -15,7 +15,7 @@ rank and worker, forever (bound an epoch with ``.with_epoch(n)``).
 from __future__ import annotations
 
 import logging
-import random
+import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -24,7 +24,10 @@ from .config import EngineConfig, RetryPolicy
 from .fluid import FluidPipeline
 from .handlers import resolve_handler
 from .listing import expand_globs
-from .pipeline import ResampledShards, split_by_node, split_by_worker, stream_samples
+from .epoch import Planner
+from .index import ShardIndex
+from .node import share_config
+from .pipeline import split_by_node, split_by_worker, stream_samples
 from .stats import Stats
 from .urls import expand_urls, redact_url
 
@@ -84,12 +87,19 @@ class WebDataset(FluidPipeline):
         backends: dict[str, Any] | None = None,
         backend_options: dict[str, Any] | None = None,
         allow_pipe: bool | None = None,
+        index: str | os.PathLike[str] | ShardIndex | None = None,
+        drop_last: bool = False,
+        node_connections: int | None = None,
+        node_buffered_bytes: int | None = None,
     ) -> None:
         super().__init__()
         changes = {k: v for k, v in dict(
             max_connections=max_connections, max_buffered_bytes=max_buffered_bytes, read_timeout=read_timeout,
             connect_timeout=connect_timeout, retry=retry, deterministic=deterministic).items() if v is not None}
         self.config = (config or EngineConfig()).replace(**changes)
+        self._explicit = frozenset(["max_connections", "max_buffered_bytes"] if config is not None else
+                                   [k for k in ("max_connections", "max_buffered_bytes") if k in changes])
+        self.node_connections, self.node_buffered_bytes = node_connections, node_buffered_bytes
         self._backends = backends
         self._backend_options: dict[str, Any] = dict(backend_options or {})
         if allow_pipe is not None:
@@ -113,6 +123,18 @@ class WebDataset(FluidPipeline):
         self._stats_box: list[Stats | None] = [None]
         if repeat:
             self._repetitions = 2**62
+        self.drop_last = drop_last
+        if index is not None and rename_files is not None:
+            raise ValueError("rename_files changes how members group into samples, so an index's sample ranges "
+                             "would not hold; build the index from shards named as they should be read")
+        self.index: ShardIndex | None = None
+        if index is not None:
+            self.index = index if isinstance(index, ShardIndex) else ShardIndex.load(
+                index, backend_options=self._backend_options)
+        self._planner = Planner(
+            self.urls, entries=self.index.entries_for(self.urls) if self.index is not None else None,
+            shardshuffle=self.shardshuffle, seed=seed, resampled=resampled, detshuffle=detshuffle,
+            drop_last=drop_last, splitters=(nodesplitter, workersplitter))
 
     # -- shards and epochs ---------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -120,48 +142,89 @@ class WebDataset(FluidPipeline):
         self.epoch = epoch
 
     def shard_list(self) -> list[str]:
-        """The shards this process (rank and DataLoader worker) reads in the current epoch, in order."""
-        urls = list(self.urls)
-        if self.shardshuffle:
-            random.Random(f"{self.seed}:{self.epoch}").shuffle(urls)
-        items: Iterable[Any] = [{"url": u} for u in urls]
-        for splitter in (self.nodesplitter, self.workersplitter):
-            if splitter is not None:
-                items = splitter(items)
-        return [item["url"] if isinstance(item, dict) else item for item in items]
+        """The shards this process (rank and DataLoader worker) reads in the current epoch, in order
+        (without an index: with one, see :meth:`work_items`)."""
+        return [item.url for item in self._planner.items(self._planner.base(self.epoch), self._planner.processes())]
 
-    def _shard_stream(self) -> Iterable[str]:
-        if self.resampled:
-            source = ResampledShards(self.urls, seed=self.seed, deterministic=self.detshuffle)
-            source.epoch = self.epoch
-            return (item["url"] for item in source)
-        return self.shard_list()
+    def work_items(self) -> list[Any]:
+        """This process's work items of the current epoch: ``(shard, start, end)`` byte ranges."""
+        return self._planner.items(self._planner.base(self.epoch), self._planner.processes())
 
     # -- iteration ---------------------------------------------------------------------------
-    def _source(self) -> Iterator[Any]:
-        return self._samples()
+    def _source(self, run: Any, resume: dict[str, Any] | None) -> Iterator[Any]:
+        ep = self._planner.start(self.epoch, resume, self._held_positions)
+        run.source = ep
+        return self._samples(run, ep)
 
-    def _samples(self) -> Iterator[Any]:
-        shards = self._shard_stream()
+    @staticmethod
+    def _held_positions(state: dict[str, Any]) -> list[list[int]]:
+        return [pos for stage in state["stages"] if stage for group in stage["held"] for pos in group]
+
+    def _source_state(self, run: Any) -> dict[str, Any]:
+        return self._planner.source_state(run.source if run is not None else None)
+
+    def _engine(self, items: Any, stats: Stats, **callbacks: Any) -> Iterator[Any]:
+        config, share = share_config(self.config, node_connections=self.node_connections,
+                                     node_buffered_bytes=self.node_buffered_bytes, explicit=self._explicit)
+        stats.node_share = share.as_dict()
+        return stream_samples(
+            items, config=config, handler=self.handler, stats=stats, backends=self._backends,
+            backend_options=self._backend_options, log_interval=self.log_interval,
+            select_files=self.select_files, rename_files=self.rename_files, **callbacks)
+
+    def _reread(self, run: Any, positions: list[list[int]]) -> list[Any]:
+        ep = run.source
+        wanted = {(ep.item(item_id).shard, offset) for item_id, offset, _ in positions}
+        items = self._planner.reread_items(ep, positions)
+        found: dict[tuple[int, int], Any] = {}
+        samples = self._engine(items, Stats())
+        try:
+            for sample in samples:
+                key = (items[sample.item].shard, sample.offset)
+                if key in wanted:
+                    found[key] = sample
+        finally:
+            samples.close()
+        missing = wanted - set(found)
+        if missing:
+            shard, offset = min(missing)
+            raise ValueError(f"cannot restore the pipeline's buffers: no sample starts at byte {offset} of "
+                             f"{redact_url(self.urls[shard])} any more")
+        out = []
+        for item_id, offset, _ in positions:
+            sample = found[(ep.item(item_id).shard, offset)]
+            sample.item = item_id
+            out.append(sample)
+        return out
+
+    def _samples(self, run: Any, ep: Any) -> Iterator[Any]:
         stats = Stats()
         self._stats_box[0] = stats
-        if isinstance(shards, list) and not shards:
-            log.info("wds-async: this process has no shards (%d shards for more ranks/workers)", len(self.urls))
-            return
+        todo = ep.todo()
+        if isinstance(ep.items, list):
+            todo = list(todo)
+            if not todo:
+                if not ep.items:
+                    log.info("wds-async: this process has no work (%d shards for more ranks/workers)", len(self.urls))
+                return
         count = 0
-        samples = stream_samples(
-            shards, config=self.config, handler=self.handler, stats=stats, backends=self._backends,
-            backend_options=self._backend_options, log_interval=self.log_interval,
-            select_files=self.select_files, rename_files=self.rename_files)
+        progress = ep.progress
+        fresh = progress.done_below == 0 and not progress.done and not progress.pos
+
+        def on_sample(sample: Any) -> None:
+            progress.delivered(sample.item, sample.end)
+            run.pull([sample.item, sample.offset, sample.end])
+
+        samples = self._engine(todo, stats, on_sample=on_sample, on_item_done=progress.finished)
         try:
             for sample in samples:
                 count += 1
                 yield sample
         finally:
             samples.close()
-        if self.empty_check and count == 0 and stats.shards_skipped == 0:
+        if self.empty_check and fresh and count == 0 and stats.shards_skipped == 0:
             raise ValueError(
-                f"no samples found in {len(shards) if isinstance(shards, list) else 'the'} shards of this "
+                f"no samples found in {len(todo) if isinstance(todo, list) else 'the'} shards of this "
                 "process (are they empty tars?); turn this check off with WebDataset(..., empty_check=False)")
 
     def stats(self) -> dict[str, Any]:

@@ -23,6 +23,8 @@ from torch.utils.data import IterableDataset
 
 from . import stages as _s
 from .handlers import resolve_handler
+from .state import STATE_VERSION
+from .stateful import Batched, Runner, Shuffle, Slice, StatefulStage
 
 __all__ = ["FluidPipeline", "Stage", "pipelinefilter"]
 
@@ -53,22 +55,85 @@ def pipelinefilter(fn: Callable[..., Iterator[Any]]) -> Callable[..., Stage]:
     return make
 
 
+#: Plain stages that emit each item from the inputs pulled since their previous output.
+_STREAMING = frozenset([_s.map_stage, _s.select, _s.to_tuple, _s.map_dict, _s.map_tuple, _s.rename])
+
+
+def _streaming(stage: Any) -> bool:
+    if isinstance(stage, StatefulStage):
+        return stage.streaming
+    return isinstance(stage, Stage) and stage.fn in _STREAMING
+
+
+class _Pass:
+    """One pass over the source: the stage runners, and the source positions each of them consumed.
+
+    ``pulled`` holds ``[item, offset, end]`` of the samples the source yielded; a tap in front of the
+    stateful stage ``k`` hands it, with every input, the positions pulled since its previous input.
+    """
+
+    def __init__(self) -> None:
+        self.pulled: list[list[int]] = []
+        self.first = 0  # absolute number of pulled[0]
+        self.marks: dict[int, int] = {}
+        self.runners: dict[int, Runner] = {}
+        self.source: Any = None  # what the source keeps for its own state (set by the source)
+
+    def pull(self, position: list[int]) -> None:
+        self.pulled.append(position)
+
+    def tap(self, stream: Iterable[Any], k: int) -> Iterator[tuple[Any, list[list[int]]]]:
+        self.marks[k] = self.first + len(self.pulled)
+        for item in stream:
+            end = self.first + len(self.pulled)
+            group = self.pulled[self.marks[k] - self.first:]
+            self.marks[k] = end
+            if len(self.pulled) > 4096:
+                low = min(self.marks.values())
+                del self.pulled[: low - self.first]
+                self.first = low
+            yield item, group
+
+
 class FluidPipeline(IterableDataset):  # type: ignore[type-arg]
-    """Base: subclasses implement :meth:`_source` (a fresh iterator per pass); stages apply after it."""
+    """Base: subclasses implement :meth:`_source` (a fresh iterator per pass); stages apply after it.
+
+    Checkpoints: :meth:`state_dict` / :meth:`load_state_dict` (the ``Stateful`` protocol that torchdata's
+    ``StatefulDataLoader`` calls) save where the source stands, each stateful stage's state and the
+    epoch counters; the next ``iter()`` resumes there.
+    """
 
     _stages: tuple[Callable[[Iterator[Any]], Iterator[Any]], ...] = ()
     _repetitions: int = 1
     _nsamples: int = -1
     _size: int | None = None
+    _pending: dict[str, Any] | None = None
+    _current: tuple[_Pass, list[int]] | None = None
 
-    def _source(self) -> Iterator[Any]:
+    def _source(self, run: _Pass, resume: dict[str, Any] | None) -> Iterator[Any]:
+        """A fresh iterator over the source; calls ``run.pull(position)`` for each item when it can."""
         raise NotImplementedError
 
-    def _iterate_once(self) -> Generator[Any, None, None]:
-        source = self._source()
+    def _source_state(self, run: _Pass | None) -> dict[str, Any] | None:
+        """Where the source stands in ``run`` (None: before the first iteration)."""
+        return None
+
+    def _reread(self, run: _Pass, positions: list[list[int]]) -> list[Any]:
+        raise ValueError(f"{type(self).__name__} cannot re-read items by position to restore a stage's buffer")
+
+    def _iterate_once(self, run: _Pass, resume: dict[str, Any] | None) -> Generator[Any, None, None]:
+        source = self._source(run, resume)
         stream: Iterator[Any] = source
-        for stage in self._stages:
-            stream = stage(stream)
+        stage_states = resume.get("stages") if resume and "elastic" not in resume else None
+        for k, stage in enumerate(self._stages):
+            if isinstance(stage, StatefulStage):
+                runner = stage.runner()
+                run.runners[k] = runner
+                if stage_states and stage_states[k]:
+                    self._restore(run, k, runner, stage_states[k])
+                stream = runner(run.tap(stream, k))
+            else:
+                stream = stage(stream)
         try:
             yield from stream
         finally:
@@ -78,20 +143,76 @@ class FluidPipeline(IterableDataset):  # type: ignore[type-arg]
                 if close is not None:
                     close()
 
+    def _restore(self, run: _Pass, k: int, runner: Runner, state: dict[str, Any]) -> None:
+        """Rebuild stage ``k``'s held items: re-read their samples, replay the stages before it over them."""
+        groups = state["held"]
+        items: list[Any] = []
+        if groups:
+            data: Iterator[Any] = iter(self._reread(run, [pos for group in groups for pos in group]))
+            for stage in self._stages[:k]:
+                data = stage.replay(data) if isinstance(stage, StatefulStage) else stage(data)
+            items = list(data)
+            if len(items) != len(groups):
+                raise ValueError(f"cannot restore stage {k} ({self._stages[k]!r}): replaying the stages before it "
+                                 f"gave {len(items)} items for {len(groups)} held ones; are they deterministic?")
+        runner.load_state_dict(state["state"], list(zip(items, groups)))
+
     def __iter__(self) -> Iterator[Any]:
+        resume, self._pending = self._pending, None
         limit = self._nsamples if self._repetitions != 1 and self._nsamples > 0 else -1
-        count = 0
-        for _ in range(self._repetitions):
+        counters = [0, 0]  # [repetition, items yielded in this epoch]
+        if resume is not None and "elastic" not in resume:
+            counters = [resume["reps"], resume["count"]]
+        while counters[0] < self._repetitions:
+            run = _Pass()
+            self._current = (run, counters)
             produced = 0
-            with contextlib.closing(self._iterate_once()) as items:
+            with contextlib.closing(self._iterate_once(run, resume)) as items:
+                resume = None
                 for item in items:
-                    yield item
                     produced += 1
-                    count += 1
-                    if 0 < limit <= count:
+                    counters[1] += 1
+                    yield item
+                    if 0 < limit <= counters[1]:
                         return
             if produced == 0:
                 return  # an empty stream never loops
+            counters[0] += 1
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """This process's position: small (positions and counters, never sample bytes); see
+        :mod:`wds_async.state`. Before any iteration, the state loaded last, or the epoch's start."""
+        if self._pending is not None:
+            return self._pending
+        run, counters = self._current if self._current is not None else (None, [0, 0])
+        stages: list[dict[str, Any] | None] = []
+        for k, stage in enumerate(self._stages):
+            runner = run.runners.get(k) if run is not None else None
+            if runner is None:
+                stages.append(None)
+                continue
+            held = runner.held()
+            if held:
+                blocked = [s for s in self._stages[:k] if not _streaming(s)]
+                if blocked or not all(held):
+                    why = (f"it follows {blocked[0]!r}, which does not emit items in input order" if blocked
+                           else "its items carry no source positions (the source is not a WebDataset)")
+                    raise ValueError(f"cannot checkpoint {stage!r} while it holds items: {why}")
+            stages.append({"state": runner.state_dict(), "held": held})
+        return {"wds_async": STATE_VERSION, "source": self._source_state(run), "stages": stages,
+                "reps": counters[0], "count": counters[1]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from ``state`` at the next ``iter()``: one from :meth:`state_dict` of this process, or
+        :func:`~wds_async.merge_states` of every process of a job with another world size."""
+        if not isinstance(state, dict) or state.get("wds_async") != STATE_VERSION:
+            raise ValueError("not a wds-async state (from ds.state_dict() or wds_async.merge_states()), or one of "
+                             f"another version than {STATE_VERSION}")
+        if "elastic" not in state and len(state["stages"]) != len(self._stages):
+            raise ValueError(f"the state has {len(state['stages'])} stages but this pipeline {len(self._stages)}; "
+                             "load it into the pipeline that saved it")
+        self._pending = state
 
     def __len__(self) -> int:
         if self._size is None:
@@ -135,7 +256,7 @@ class FluidPipeline(IterableDataset):  # type: ignore[type-arg]
         """Shuffle within a buffer of ``size`` items (``size < 1``: unchanged)."""
         if size < 1:
             return self
-        return self.compose(Stage(_s.shuffle, bufsize=size, initial=initial, rng=rng, seed=seed))
+        return self.compose(Shuffle(size, initial, seed=seed, rng=rng))
 
     def map(self, f: Callable[[Any], Any], handler: HandlerArg = None) -> Any:
         """Apply ``f`` to every item (``None`` results are dropped)."""
@@ -164,12 +285,12 @@ class FluidPipeline(IterableDataset):  # type: ignore[type-arg]
 
     def slice(self, *args: int | None) -> Any:
         """``itertools.islice`` over the items."""
-        return self.compose(Stage(_s.slice_stage, *args))
+        return self.compose(Slice(*args))
 
     def batched(self, batchsize: int, collation_fn: Callable[[list[Any]], Any] | None = _s.default_collation_fn,
                 partial: bool = True) -> Any:
         """Group items into batches of ``batchsize`` collated by ``collation_fn``."""
-        return self.compose(Stage(_s.batched, batchsize=batchsize, collation_fn=collation_fn, partial=partial))
+        return self.compose(Batched(batchsize, collation_fn, partial))
 
     def unbatched(self) -> Any:
         """Split batches back into items."""
@@ -177,7 +298,7 @@ class FluidPipeline(IterableDataset):  # type: ignore[type-arg]
 
     def listed(self, batchsize: int, partial: bool = True) -> Any:
         """Group items into plain lists of ``batchsize``."""
-        return self.compose(Stage(_s.batched, batchsize=batchsize, collation_fn=None, partial=partial))
+        return self.compose(Batched(batchsize, None, partial))
 
     def unlisted(self) -> Any:
         """Flatten lists of items."""

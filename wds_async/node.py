@@ -31,14 +31,15 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from torch.utils.data import get_worker_info
 
 from .config import EngineConfig
 
-__all__ = ["NodeShare", "local_processes", "parse_bytes", "share_config",
-           "NODE_CONNECTIONS", "NODE_BUFFERED_BYTES", "MIN_CONNECTIONS", "MIN_BUFFERED_BYTES"]
+__all__ = ["MIN_BUFFERED_BYTES", "MIN_CONNECTIONS", "NODE_BUFFERED_BYTES", "NODE_CONNECTIONS", "NodeShare",
+           "local_processes", "parse_bytes", "share_config"]
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -54,7 +55,8 @@ ENV_BUFFERED_BYTES = "WDS_ASYNC_NODE_BUFFERED_BYTES"
 # KB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB powers of 1024; the "B" may be left out.
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
           "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30, "ti": 1 << 40}
-_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?)?b?\s*", re.IGNORECASE)
+_SIZE = re.compile(r"(\d+)(\.\d+)?\s*([kmgt]i?)?b?", re.IGNORECASE | re.ASCII)
+_INT = re.compile(r"\d+", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -73,10 +75,11 @@ class NodeShare:
 
 def parse_bytes(text: str, name: str = "size") -> int:
     """``"4GiB"``, ``"512MB"``, ``"1.5G"`` or ``"1048576"`` in bytes; ValueError naming ``name`` if not."""
-    m = _SIZE.fullmatch(text)
+    m = _SIZE.fullmatch(text.strip())
     if m is None:
         raise ValueError(f"{name}={text!r} is not a size (an int, or e.g. '512MB', '4GiB')")
-    value = int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
+    unit = _UNITS[(m.group(3) or "").lower()]
+    value = int(m.group(1)) * unit + int(float("0" + (m.group(2) or "")) * unit)
     if value < 1:
         raise ValueError(f"{name}={text!r} must be at least 1 byte")
     return value
@@ -88,13 +91,23 @@ def _positive(value: object, name: str) -> int:
     return value
 
 
-def _env_int(name: str) -> int | None:
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return None
-    if not text.isdigit() or int(text) < 1:
+def _parse_int(text: str, name: str) -> int:
+    if _INT.fullmatch(text.strip()) is None or int(text) < 1:
         raise ValueError(f"{name}={text!r} must be a positive int")
     return int(text)
+
+
+def _env(name: str, parse: Callable[[str, str], int]) -> int | None:
+    """``parse`` of environment variable ``name``; None when it is unset or blank."""
+    text = os.environ.get(name, "")
+    return parse(text, name) if text.strip() else None
+
+
+def _node_value(arg: int | None, arg_name: str, env: int | None, default: int) -> tuple[int, bool]:
+    """``(value, chosen)``: the argument, else the environment's value, else ``default`` (not chosen)."""
+    if arg is not None:
+        return _positive(arg, arg_name), True
+    return (default, False) if env is None else (env, True)
 
 
 def local_processes() -> int:
@@ -103,10 +116,10 @@ def local_processes() -> int:
     ``WDS_ASYNC_LOCAL_PROCESSES``, when set, is taken as is (for launchers other than torchrun, or
     ranks with different worker counts).
     """
-    override = _env_int(ENV_PROCESSES)
+    override = _env(ENV_PROCESSES, _parse_int)
     if override is not None:
         return override
-    ranks = _env_int("LOCAL_WORLD_SIZE") or 1
+    ranks = _env("LOCAL_WORLD_SIZE", _parse_int) or 1
     info = get_worker_info()
     return ranks * (info.num_workers if info is not None else 1)
 
@@ -125,23 +138,16 @@ def share_config(
     ``"max_buffered_bytes"``): those always cap the share.
     """
     procs = local_processes() if processes is None else _positive(processes, "processes")
-    conn_set = node_connections is not None or ENV_CONNECTIONS in os.environ
-    if node_connections is not None:
-        node_conn = _positive(node_connections, "node_connections")
-    else:
-        node_conn = _env_int(ENV_CONNECTIONS) or NODE_CONNECTIONS
-    bytes_set = node_buffered_bytes is not None or ENV_BUFFERED_BYTES in os.environ
-    if node_buffered_bytes is not None:
-        node_bytes = _positive(node_buffered_bytes, "node_buffered_bytes")
-    else:
-        text = os.environ.get(ENV_BUFFERED_BYTES, "").strip()
-        node_bytes = parse_bytes(text, ENV_BUFFERED_BYTES) if text else NODE_BUFFERED_BYTES
+    node_conn, conn_chosen = _node_value(node_connections, "node_connections",
+                                         _env(ENV_CONNECTIONS, _parse_int), NODE_CONNECTIONS)
+    node_bytes, bytes_chosen = _node_value(node_buffered_bytes, "node_buffered_bytes",
+                                           _env(ENV_BUFFERED_BYTES, parse_bytes), NODE_BUFFERED_BYTES)
 
     connections = max(MIN_CONNECTIONS, node_conn // procs)
-    if "max_connections" in explicit or not conn_set:
+    if "max_connections" in explicit or not conn_chosen:
         connections = min(connections, config.max_connections)
     buffered = max(MIN_BUFFERED_BYTES, node_bytes // procs)
-    if "max_buffered_bytes" in explicit or not bytes_set:
+    if "max_buffered_bytes" in explicit or not bytes_chosen:
         buffered = min(buffered, config.max_buffered_bytes)
 
     share = NodeShare(processes=procs, node_connections=node_conn, node_buffered_bytes=node_bytes,

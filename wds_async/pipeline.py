@@ -206,7 +206,10 @@ class DataPipeline(FluidPipeline):
             return iter(step)
         raise ValueError(f"{step!r} is not a valid pipeline stage")
 
-    def _source(self) -> Iterator[Any]:
+    def _source(self, run: Any, resume: Any) -> Iterator[Any]:
+        if resume is not None:
+            raise ValueError("a DataPipeline cannot resume from a state: its source has no positions; build the "
+                             "pipeline with WebDataset(...) for checkpoints")
         stream = self._invoke(self.pipeline[0])
         for step in self.pipeline[1:]:
             stream = self._invoke(step, stream)

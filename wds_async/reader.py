@@ -22,7 +22,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from .backends import ObjectIdentity
@@ -73,7 +73,7 @@ class RangeReader:
             raise ObjectChanged(f"the object changed between attempts ({conflict}); refusing to splice two "
                                 "versions of one shard", url=self.shown, offset=self.pos)
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
         """Yield the range's bytes in order, exactly once each, retrying and resuming as needed."""
         failures, first_failure = 0, 0.0
         while self.end is None or self.pos < self.end:

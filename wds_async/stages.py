@@ -5,7 +5,6 @@ They run in the consumer's thread (the DataLoader worker), after the bridge, and
 
 from __future__ import annotations
 
-import itertools
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from .handlers import reraise_exception
+from .stateful import Batched, Shuffle, Slice
 
 __all__ = ["batched", "default_collation_fn", "map_dict", "map_stage", "map_tuple", "rename", "select", "shuffle",
            "slice_stage", "to_tuple", "unbatched", "unlisted"]
@@ -21,20 +21,7 @@ __all__ = ["batched", "default_collation_fn", "map_dict", "map_stage", "map_tupl
 def shuffle(data: Iterable[Any], bufsize: int = 1000, initial: int = 100, rng: random.Random | None = None,
             seed: int | None = None) -> Iterator[Any]:
     """Shuffle within a buffer of ``bufsize`` items, starting to yield once ``initial`` are held."""
-    rng = rng or (random.Random(seed) if seed is not None else random.Random())
-    initial = max(1, min(initial, bufsize))
-    buf: list[Any] = []
-    for n, item in enumerate(data):
-        buf.append(item)
-        if len(buf) < initial:
-            continue
-        if len(buf) < bufsize and n % 2 == 0:
-            continue  # grow the buffer by one every other item until it holds bufsize
-        index = rng.randrange(len(buf))
-        buf[index], buf[-1] = buf[-1], buf[index]
-        yield buf.pop()
-    rng.shuffle(buf)
-    yield from buf
+    return Shuffle(bufsize, initial, seed=seed, rng=rng)(data)
 
 
 def map_stage(data: Iterable[Any], f: Callable[[Any], Any], handler: Callable[[BaseException], bool] = reraise_exception
@@ -116,16 +103,7 @@ def default_collation_fn(samples: Sequence[Any]) -> Any:
 def batched(data: Iterable[Any], batchsize: int, collation_fn: Callable[[list[Any]], Any] | None = default_collation_fn,
             partial: bool = True) -> Iterator[Any]:
     """Group items into lists of ``batchsize`` and collate them; ``partial=False`` drops a short tail."""
-    if batchsize < 1:
-        raise ValueError(f"batchsize must be >= 1, got {batchsize}")
-    batch: list[Any] = []
-    for item in data:
-        batch.append(item)
-        if len(batch) == batchsize:
-            yield collation_fn(batch) if collation_fn is not None else batch
-            batch = []
-    if batch and partial:
-        yield collation_fn(batch) if collation_fn is not None else batch
+    return Batched(batchsize, collation_fn, partial)(data)
 
 
 def unbatched(data: Iterable[Any]) -> Iterator[Any]:
@@ -209,4 +187,4 @@ def map_tuple(data: Iterable[Sequence[Any]], *fs: Callable[[Any], Any] | None,
 
 def slice_stage(data: Iterable[Any], *args: int | None) -> Iterator[Any]:
     """``itertools.islice`` as a stage: ``slice(stop)`` or ``slice(start, stop[, step])``."""
-    return itertools.islice(data, *args)
+    return Slice(*args)(data)

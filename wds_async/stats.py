@@ -32,6 +32,8 @@ class Stats:
     buffer_limit: int = 0
     peak_buffered_bytes: int = 0
     finished: float | None = None
+    #: This process's share of the node budgets (``NodeShare.as_dict()``), set by the dataset.
+    node_share: dict[str, int] | None = None
     #: The engine's live byte budget, read for current/peak buffered bytes (set by the engine).
     budget: Any = field(default=None, repr=False, compare=False)
 
@@ -60,6 +62,7 @@ class Stats:
             "retries": self.retries,
             "wait_s": round(self.wait_seconds, 3),
             "wait_fraction": round(self.wait_seconds / elapsed, 3),
+            "node_share": None if self.node_share is None else dict(self.node_share),
         }
 
     def line(self) -> str:

@@ -17,7 +17,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .errors import UrlError
 
-__all__ = ["braceexpand", "expand_urls", "redact_url", "scheme_of"]
+__all__ = ["braceexpand", "expand_urls", "redact_url", "scheme_of", "url_key"]
 
 #: Hard cap on how many URLs one pattern may produce, so a typo cannot eat all memory.
 MAX_EXPANSION = 10_000_000
@@ -191,3 +191,17 @@ def redact_url(url: str) -> str:
         pairs = parse_qsl(query, keep_blank_values=True)
         query = urlencode([(k, "***" if _SECRET_PARAMS.search(k) else v) for k, v in pairs], safe="*")
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def url_key(url: str) -> str:
+    """``url`` without query, fragment and userinfo (scheme and host lower-cased): what names a shard in an
+    index or a checkpoint, so a job may come back with freshly signed URLs for the same objects. Paths and
+    ``pipe:`` commands are kept as they are."""
+    if url.startswith("pipe:") or "://" not in url:
+        return url
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    host = parts.netloc.rsplit("@", 1)[-1].lower()
+    return urlunsplit((parts.scheme.lower(), host, parts.path, "", ""))

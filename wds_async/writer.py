@@ -52,6 +52,7 @@ from .errors import (
     UrlError,
 )
 from .encoders import _BYTES, _encode_sample, default_handlers, make_encoder
+from .index import ShardEntry, ShardIndex
 from .urls import redact_url, scheme_of
 
 __all__ = ["ShardWriter", "TarWriter", "default_handlers", "make_encoder"]
@@ -169,12 +170,15 @@ class TarWriter:
     ``encoder``: True (:data:`default_handlers`), a dict of handlers, a callable sample -> sample, or
     False/None (values must already be bytes; metadata may be str). ``keep_meta`` also writes the fields
     starting with ``_`` (except ``__key__``). ``mtime`` (seconds) makes the output bit-exact. ``format``:
-    None (PAX, as webdataset writes), "ustar", "gnu", "pax" or a tarfile constant.
+    None (PAX, as webdataset writes), "ustar", "gnu", "pax" or a tarfile constant. ``record_samples``
+    keeps ``(key, offset, end)`` of each written sample in ``samples``: the byte range of its members in
+    the tar stream, before compression (what a shard index records). ``compression`` is the compressor
+    in use: None, "gz", "bz2" or "xz".
     """
 
     def __init__(self, fileobj: str | os.PathLike[str] | IO[bytes], user: str = "bigdata", group: str = "bigdata",
                  mode: int = 0o0444, compress: bool | str | None = None, encoder: Any = True, keep_meta: bool = False,
-                 mtime: float | None = None, format: Any = None) -> None:
+                 mtime: float | None = None, format: Any = None, *, record_samples: bool = False) -> None:
         if mtime is not None and (isinstance(mtime, bool) or not isinstance(mtime, (int, float)) or mtime < 0):
             raise ValueError(f"mtime must be a non-negative number of seconds, not {mtime!r}")
         self._format: Any = _FORMATS.get(format, format) if format is not None else tarfile.PAX_FORMAT
@@ -184,7 +188,7 @@ class TarWriter:
         self.keep_meta, self.mtime, self.encoder = keep_meta, mtime, make_encoder(encoder)
         self._handlers = default_handlers if encoder is True else encoder if isinstance(encoder, Mapping) else None
         target = os.fspath(fileobj) if isinstance(fileobj, (str, os.PathLike)) else fileobj
-        kind = _compression(target, compress)
+        kind = self.compression = _compression(target, compress)
         self.url: str | None = redact_url(target) if isinstance(target, str) else None
         self._owned = isinstance(target, str) and target != "-"
         if target == "-":
@@ -208,6 +212,7 @@ class TarWriter:
         elif kind == "xz":
             self._out = lzma.LZMAFile(self.stream, "wb")  # noqa: SIM115
         self._offset, self._closed, self._broken = 0, False, False
+        self.samples: list[tuple[str, int, int]] | None = [] if record_samples else None
 
     def __enter__(self) -> TarWriter:
         return self
@@ -215,8 +220,9 @@ class TarWriter:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _members(self, sample: Mapping[str, Any]) -> list[tuple[bytes, Any]]:
-        """Encode and check the whole sample; (header, payload) per member, in webdataset's sorted order."""
+    def _members(self, sample: Mapping[str, Any]) -> tuple[str, list[tuple[bytes, Any]]]:
+        """Encode and check the whole sample: its key, and (header, payload) per member in webdataset's
+        sorted order."""
         if not isinstance(sample, Mapping):
             raise TypeError(f"a sample is a dict, not {type(sample).__name__}")
         encoded: Mapping[str, Any] = sample if self._handlers is not None else self.encoder(dict(sample))
@@ -251,14 +257,14 @@ class TarWriter:
             except ValueError as exc:
                 raise SampleError(f"sample {key!r}: {exc}", member=name) from None
             members.append((header, value))
-        return members
+        return key, members
 
     def write(self, obj: Mapping[str, Any]) -> int:
         """Write one sample; return its payload size in bytes (tar headers and padding not counted)."""
         if self._closed or self._broken:
             raise ValueError(f"write to a {'closed' if self._closed else 'failed'} TarWriter")
-        members = self._members(obj)
-        total = 0
+        key, members = self._members(obj)
+        start, total = self._offset, 0
         try:
             for header, data in members:
                 self._out.write(header)
@@ -270,6 +276,8 @@ class TarWriter:
         except BaseException:
             self._broken = True  # a member is half-written: never add the end marker after it
             raise
+        if self.samples is not None:
+            self.samples.append((key, start, self._offset))
         return total
 
     def close(self) -> None:
@@ -306,12 +314,15 @@ class ShardWriter:
     payload bytes (so a shard may pass ``maxsize`` by one sample). ``post(fname)`` runs after each shard
     is closed; ``opener(fname)`` returns the file object to write (closed with the shard); ``**kw`` go to
     TarWriter. The first shard is opened at construction. Attributes: ``fname``, ``shard`` (the next
-    number), ``count`` and ``size`` (current shard), ``total`` (all samples).
+    number), ``count`` and ``size`` (current shard), ``total`` (all samples). ``index``: a local path
+    where ``close()`` writes the shard index (:mod:`wds_async.index`) of the shards written, each
+    entry named as ``pattern % n`` with its file size (None for ``pipe:`` or ``opener`` targets).
     """
 
     def __init__(self, pattern: str, maxcount: int = 100000, maxsize: float = 3e9,
                  post: Callable[[str], Any] | None = None, start_shard: int = 0, verbose: int = 1,
-                 opener: Callable[[str], IO[bytes]] | None = None, **kw: Any) -> None:
+                 opener: Callable[[str], IO[bytes]] | None = None, *, index: str | os.PathLike[str] | None = None,
+                 **kw: Any) -> None:
         try:
             distinct = pattern % start_shard != pattern % (start_shard + 1)
         except (TypeError, ValueError):
@@ -322,6 +333,15 @@ class ShardWriter:
             raise ValueError(f"maxcount ({maxcount}) and maxsize ({maxsize}) must be positive")
         self.pattern, self.maxcount, self.maxsize, self.post = pattern, maxcount, maxsize, post
         self.verbose, self.opener, self.kw = verbose, opener, kw
+        self.index = None if index is None else os.fspath(index)
+        self._entries: list[ShardEntry] = []
+        if self.index is not None:
+            if scheme_of(self.index) != "file":
+                raise UrlError("an index is written to a local path; copy it next to the shards afterwards",
+                               url=redact_url(self.index))
+            if _compression(None if opener else pattern % start_shard, kw.get("compress")) not in (None, "gz"):
+                raise ValueError("ShardWriter(index=...) needs plain or gzip shards: wds-async reads no bz2 or xz")
+            kw["record_samples"] = True
         self.shard, self.total, self.count, self.size = start_shard, 0, 0, 0
         self.fname: str | None = None
         self.tarstream: TarWriter | None = None
@@ -366,6 +386,8 @@ class ShardWriter:
         finally:
             if opened is not None:
                 opened.close()
+        if self.index is not None and not stream._broken:  # before post(), which may move the file
+            self._entries.append(self._index_entry(stream, fname))
         if callable(self.post):
             self.post(fname)
 
@@ -374,6 +396,19 @@ class ShardWriter:
         if not self._closed:
             self._closed = True
             self.finish()
+            if self.index is not None:
+                ShardIndex(self._entries).save(self.index)
+
+    def _index_entry(self, stream: TarWriter, fname: str) -> ShardEntry:
+        """The index entry of a shard just closed; its size only when it is a local file we wrote."""
+        size = None
+        if self.opener is None and scheme_of(fname) == "file":
+            with suppress(OSError):
+                size = os.path.getsize(local_path(fname))
+        rows = stream.samples or []
+        return ShardEntry(url=redact_url(fname), size=size, compressed=stream.compression == "gz",
+                          keys=tuple(r[0] for r in rows), offsets=tuple(r[1] for r in rows),
+                          ends=tuple(r[2] for r in rows))
 
     def __enter__(self) -> ShardWriter:
         return self

@@ -1,0 +1,257 @@
+"""``examples/train_ddp.py`` under real torchrun launches (gloo on CPU, everything on 127.0.0.1).
+
+13 shards of uneven sample counts (341 samples) are served by the emulated store and indexed. The jobs:
+
+* one node, 4 ranks x 2 DataLoader workers, 2 epochs;
+* two torchrun launches rendezvousing as 2 nodes x 2 ranks, 2 epochs;
+* 2 ranks x 2 workers where rank 0 SIGKILLs itself mid-epoch or just after an epoch-end checkpoint
+  (torchrun tears the job down), then a relaunch with ``--resume``.
+
+Each rank logs the sample keys of every step. With an index, the job's samples are laid end to end in the
+epoch's shard order and cut into ``ranks * workers`` equal shares of ``ceil(N / (ranks * workers))``, the
+last ones padded by wrapping around to the first samples (``wds_async/plan.py``), so every rank runs the
+same number of steps and each rank's keys are known exactly.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+import wds_async as wds
+from benchmarks.store import Knobs
+from benchmarks.store_process import StoreProcess
+from wds_async.plan import shard_order
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = str(REPO / "examples" / "train_ddp.py")
+SAMPLES_PER_SHARD = [11, 40, 23, 31, 7, 36, 19, 28, 14, 33, 26, 45, 28]  # 341 in all: no share count divides it
+N = sum(SAMPLES_PER_SHARD)
+SEED = 0  # the example's WebDataset(seed=0)
+BATCH = 4
+WORKERS = 2
+LAUNCH_TIMEOUT = 80.0
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The shards, the store serving them and their index; ``keys[s]`` are shard s's keys in tar order."""
+    root = tmp_path_factory.mktemp("torchrun")
+    rng = random.Random(13)
+    keys: list[list[str]] = []
+    for shard, count in enumerate(SAMPLES_PER_SHARD):
+        keys.append([f"s{shard:02d}_{i:03d}" for i in range(count)])
+        with tarfile.open(root / f"shard-{shard:06d}.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
+            for key in keys[-1]:
+                for ext, payload in (("bin", rng.randbytes(rng.randint(1600, 2400))),
+                                     ("cls", str(rng.randrange(1000)).encode())):
+                    info = tarfile.TarInfo(f"{key}.{ext}")
+                    info.size = len(payload)
+                    tar.addfile(info, io.BytesIO(payload))
+    with StoreProcess(root, Knobs(seed=7)) as store:
+        pattern = store.base_url + "shard-{000000..%06d}.tar" % (len(SAMPLES_PER_SHARD) - 1)
+        index = wds.build_index(pattern)
+        assert [e.nsamples for e in index.shards] == SAMPLES_PER_SHARD
+        index.save(root / "train.index")
+        yield {"pattern": pattern, "index": str(root / "train.index"), "keys": keys}
+
+
+# -- launching ---------------------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Launches:
+    """torchrun processes in their own sessions; every process seen below them is killed on exit.
+
+    torchrun starts each rank in a session of its own and a rank's DataLoader workers outlive a SIGKILLed
+    rank for a few seconds, so killing torchrun's process group is not enough: the descendants are
+    recorded while the job runs and killed by pid (psutil checks a pid was not reused).
+    """
+
+    def __init__(self) -> None:
+        self.procs: list[tuple[subprocess.Popen[bytes], Path]] = []
+        self.seen: dict[int, psutil.Process] = {}
+
+    def __enter__(self) -> Launches:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._observe()
+        for proc, _ in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        for p in self.seen.values():
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        for proc, _ in self.procs:
+            proc.wait(10)
+
+    def start(self, torchrun_args: list[str], script_args: list[str], output: Path) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--master-addr", "127.0.0.1",
+               "--local-addr", "127.0.0.1", *torchrun_args, EXAMPLE, *script_args]
+        with open(output, "wb") as out:
+            proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs.append((proc, output))
+        return proc
+
+    def _observe(self) -> None:
+        for proc, _ in self.procs:
+            try:
+                for child in psutil.Process(proc.pid).children(recursive=True):
+                    self.seen.setdefault(child.pid, child)
+            except psutil.Error:
+                pass
+
+    def wait(self, timeout: float = LAUNCH_TIMEOUT) -> list[int]:
+        """Every launch's exit status; AssertionError (with their output) if one is still running."""
+        deadline = time.monotonic() + timeout
+        while any(proc.poll() is None for proc, _ in self.procs) and time.monotonic() < deadline:
+            self._observe()
+            time.sleep(0.2)
+        if any(proc.poll() is None for proc, _ in self.procs):
+            raise AssertionError(f"torchrun still running after {timeout:.0f} s (a hang?)\n{self.output()}")
+        return [int(proc.returncode) for proc, _ in self.procs]
+
+    def output(self) -> str:
+        """Each launch's rank tracebacks (torchrun prefixes them with ``[rankN]:``) and its last lines."""
+        parts = []
+        for _, path in self.procs:
+            text = path.read_text(errors="replace")
+            ranks = [line for line in text.splitlines() if line.startswith("[rank")][-80:]
+            parts.append(f"--- {path.name}:\n" + "\n".join(ranks) + f"\n...\n{text[-2000:]}")
+        return "\n".join(parts)
+
+
+def script_args(data: dict[str, Any], tmp: Path, logs: str, *extra: str) -> list[str]:
+    return [data["pattern"], "--index", data["index"], "--workers", str(WORKERS), "--batch-size", str(BATCH),
+            "--epochs", "2", "--checkpoint-dir", str(tmp / "ckpt"), "--log-dir", str(tmp / logs), *extra]
+
+
+# -- what the logs must show -------------------------------------------------------------------------------
+
+def read_logs(log_dir: Path, world: int) -> list[list[dict[str, Any]]]:
+    """Per rank, its log lines (a line cut short by a kill is dropped)."""
+    out = []
+    for rank in range(world):
+        path = log_dir / f"rank{rank}.jsonl"
+        text = path.read_text() if path.exists() else ""
+        out.append([json.loads(line) for line in text.splitlines(keepends=True) if line.endswith("\n")])
+    return out
+
+
+def keys_of(lines: list[dict[str, Any]], epoch: int, upto: int | None = None) -> Counter[str]:
+    return Counter(k for line in lines if line["epoch"] == epoch and (upto is None or line["step"] <= upto)
+                   for k in line["keys"])
+
+
+def expected_shares(data: dict[str, Any], epoch: int, world: int) -> list[Counter[str]]:
+    """Per rank, the keys of its workers' shares: the epoch's samples in shard order, wrapped around to a
+    multiple of ``world * WORKERS`` and cut into equal contiguous shares (process = rank * WORKERS + worker)."""
+    order = [k for s in shard_order(len(SAMPLES_PER_SHARD), SEED, epoch, True) for k in data["keys"][s]]
+    per = math.ceil(N / (world * WORKERS))
+    padded = (order * 2)[: per * world * WORKERS]
+    return [Counter(padded[r * WORKERS * per:(r + 1) * WORKERS * per]) for r in range(world)]
+
+
+def steps_per_epoch(world: int) -> int:
+    return WORKERS * math.ceil(math.ceil(N / (world * WORKERS)) / BATCH)
+
+
+def check_epochs(logs: list[list[dict[str, Any]]], data: dict[str, Any], world: int) -> None:
+    """An uninterrupted 2-epoch run: equal steps, each key once per epoch plus the documented padding."""
+    total = world * WORKERS * math.ceil(N / (world * WORKERS))
+    everything = Counter(k for shard in data["keys"] for k in shard)
+    assert len(everything) == N
+    for epoch in (0, 1):
+        steps = [sum(1 for line in lines if line["epoch"] == epoch) for lines in logs]
+        assert steps == [steps_per_epoch(world)] * world, f"epoch {epoch}: steps per rank {steps}"
+        seen = sum((keys_of(lines, epoch) for lines in logs), Counter())
+        assert set(seen) == set(everything), f"epoch {epoch}: missing {sorted(set(everything) - set(seen))[:10]}"
+        assert sum(seen.values()) == total, f"epoch {epoch}: {sum(seen.values())} samples delivered, not {total}"
+        assert max(seen.values()) <= math.ceil(total / N)
+        assert sum(seen.values()) - len(seen) == total - N  # the padding is the only repetition
+        assert [keys_of(lines, epoch) for lines in logs] == expected_shares(data, epoch, world), f"epoch {epoch}"
+    assert keys_of(logs[0], 0) != keys_of(logs[0], 1), "set_epoch(1) did not change the shard order"
+    assert [line["step"] for line in logs[0]] == list(range(1, 2 * steps_per_epoch(world) + 1))
+
+
+# -- the tests ---------------------------------------------------------------------------------------------
+
+def test_one_node_4_ranks_2_workers(data: dict[str, Any], tmp_path: Path) -> None:
+    with Launches() as job:
+        job.start(["--nproc-per-node", "4", "--master-port", str(free_port())],
+                  script_args(data, tmp_path, "logs", "--checkpoint-every", "10"), tmp_path / "torchrun.out")
+        assert job.wait() == [0], job.output()
+    check_epochs(read_logs(tmp_path / "logs", 4), data, 4)
+
+
+def test_two_nodes_of_2_ranks(data: dict[str, Any], tmp_path: Path) -> None:
+    port = str(free_port())
+    with Launches() as job:
+        for node in (0, 1):
+            job.start(["--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "2", "--master-port", port],
+                      script_args(data, tmp_path, "logs"), tmp_path / f"node{node}.out")
+        assert job.wait() == [0, 0], job.output()
+    check_epochs(read_logs(tmp_path / "logs", 4), data, 4)
+
+
+@pytest.mark.parametrize("every,die_at", [(5, 23), (22, 45)], ids=["mid-epoch", "at-epoch-end"])
+def test_preempted_job_resumes(data: dict[str, Any], tmp_path: Path, every: int, die_at: int) -> None:
+    """Rank 0 dies on fetching step ``die_at``'s batch; the relaunch resumes from the last checkpoint (step 20,
+    mid-epoch 0; or step 44, the last of epoch 0, dying in epoch 1)."""
+    world = 2
+    saved = (die_at - 1) // every * every
+    torchrun = ["--nproc-per-node", str(world)]
+    with Launches() as job:
+        job.start([*torchrun, "--master-port", str(free_port())],
+                  script_args(data, tmp_path, "first", "--checkpoint-every", str(every), "--die-at-step", str(die_at)),
+                  tmp_path / "first.out")
+        assert job.wait() != [0], job.output()
+    first = read_logs(tmp_path / "first", world)
+    assert first[0][-1]["step"] == die_at - 1, "rank 0 trained past the step it was to die at"
+
+    with Launches() as job:
+        job.start([*torchrun, "--master-port", str(free_port())],
+                  script_args(data, tmp_path, "resumed", "--checkpoint-every", str(every), "--resume"),
+                  tmp_path / "resumed.out")
+        assert job.wait() == [0], job.output()
+    resumed = read_logs(tmp_path / "resumed", world)
+
+    everything = {k for shard in data["keys"] for k in shard}
+    for epoch in (0, 1):
+        shares = expected_shares(data, epoch, world)
+        runs = [keys_of(first[r], epoch, upto=saved) + keys_of(resumed[r], epoch) for r in range(world)]
+        assert runs == shares, f"epoch {epoch}: per-rank keys of the first launch up to step {saved} + the relaunch"
+        whole = sum(runs, Counter())
+        assert set(whole) == everything and sum(whole.values()) == world * WORKERS * math.ceil(N / (world * WORKERS))
+    for rank in range(world):
+        steps = [line["step"] for line in resumed[rank]]
+        assert steps == list(range(saved + 1, 2 * steps_per_epoch(world) + 1)), f"rank {rank} resumed at {steps[:1]}"
+        assert [line["epoch"] for line in resumed[rank]] == [
+            (step - 1) // steps_per_epoch(world) for step in steps], f"rank {rank}: steps per epoch changed"

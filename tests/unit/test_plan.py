@@ -1,0 +1,114 @@
+"""Equal shares, progress and state bookkeeping, checked on their own (no I/O) and end to end."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import wds_async as wds
+from tests.conftest import write_tar
+from wds_async.plan import split_equal
+from wds_async.state import Progress
+from wds_async.work import WorkItem
+
+runs_strategy = st.lists(st.integers(min_value=0, max_value=9), min_size=1, max_size=8).map(
+    lambda counts: [(shard, 0, n) for shard, n in enumerate(counts)])
+
+
+@settings(max_examples=200, deadline=None)
+@given(runs=runs_strategy, count=st.integers(min_value=1, max_value=12), drop_last=st.booleans())
+def test_shares_are_equal_and_cover_every_sample(runs: list[tuple[int, int, int]], count: int, drop_last: bool) -> None:
+    total = sum(hi - lo for _, lo, hi in runs)
+    shares = [split_equal(runs, count, i, drop_last) for i in range(count)]
+    sizes = [sum(hi - lo for _, lo, hi in share) for share in shares]
+    assert len(set(sizes)) <= 1
+    samples = Counter((shard, i) for share in shares for shard, lo, hi in share for i in range(lo, hi))
+    every = {(shard, i) for shard, lo, hi in runs for i in range(lo, hi)}
+    if total == 0:
+        assert sizes == [0] * count
+        return
+    if drop_last:
+        assert sizes[0] == total // count and set(samples.values()) <= {1} and set(samples) <= every
+        assert len(samples) == total // count * count
+    else:
+        assert sizes[0] == -(-total // count) and set(samples) == every
+        # Padding wraps around from the start: the repeats are the first samples, in order.
+        assert sum(samples.values()) - len(samples) == sizes[0] * count - total
+
+
+def test_progress_compacts_done_items_and_resumes_partial_ones() -> None:
+    progress = Progress()
+    progress.delivered(0, 1024)
+    progress.finished(1)
+    progress.finished(0)
+    progress.delivered(2, 3072)
+    assert progress.to_dict() == {"done_below": 2, "done": [], "pos": [[2, 3072]]}
+    restored = Progress.from_dict(progress.to_dict())
+    item = WorkItem(id=2, shard=5, url="u", start=0, end=4096)
+    assert restored.resume(item) == WorkItem(id=2, shard=5, url="u", start=3072, end=4096)
+    assert restored.resume(WorkItem(id=0, shard=0, url="u")) is None
+    restored.delivered(2, 4096)
+    assert restored.resume(item) is None  # every sample of a bounded range was delivered
+
+
+@pytest.fixture()
+def indexed(tmp_path: Path) -> tuple[list[str], Path]:
+    urls = []
+    for shard, count in enumerate([3, 5, 1, 4]):
+        path = write_tar(tmp_path / f"s{shard}.tar",
+                         [(f"k{shard}_{i}.{ext}", f"{shard}-{i}".encode()) for i in range(count) for ext in ("txt", "cls")])
+        urls.append(str(path))
+    index = tmp_path / "index.jsonl"
+    wds.build_index(urls).save(index)
+    return urls, index
+
+
+def _keys(ds: wds.WebDataset) -> list[str]:
+    return [s["__key__"] for s in ds]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_index_splits_samples_equally_between_ranks(indexed: tuple[list[str], Path], monkeypatch: pytest.MonkeyPatch,
+                                                    drop_last: bool) -> None:
+    urls, index = indexed
+    shares = []
+    for rank in range(3):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "3")
+        shares.append(_keys(wds.WebDataset(urls, index=index, drop_last=drop_last, shardshuffle=True, seed=1)))
+    assert [len(s) for s in shares] == ([4, 4, 4] if drop_last else [5, 5, 5])  # 13 samples
+    counts = Counter(k for share in shares for k in share)
+    assert len(counts) == (12 if drop_last else 13)
+    assert sum(counts.values()) - len(counts) == (0 if drop_last else 2)
+
+
+def test_index_that_no_longer_matches_the_shard_is_a_clear_error(indexed: tuple[list[str], Path]) -> None:
+    urls, index = indexed
+    write_tar(Path(urls[1]), [("other.txt", b"changed")])
+    with pytest.raises(wds.ObjectChanged, match="s1.tar") as info:
+        _keys(wds.WebDataset(urls, index=index))
+    assert "rebuild the index" in str(info.value)
+
+
+def test_index_without_an_entry_for_a_url_is_refused(indexed: tuple[list[str], Path], tmp_path: Path) -> None:
+    urls, index = indexed
+    extra = write_tar(tmp_path / "extra.tar", [("x.txt", b"x")])
+    with pytest.raises(ValueError, match="extra.tar"):
+        wds.WebDataset([*urls, str(extra)], index=index)
+
+
+def test_state_is_small_and_holds_no_url(indexed: tuple[list[str], Path]) -> None:
+    urls, index = indexed
+    ds = wds.WebDataset(urls, index=index).shuffle(4, seed=0)
+    it = iter(ds)
+    next(it)
+    state = ds.state_dict()
+    it.close()
+    text = repr(state)
+    assert ".tar" not in text and os.path.dirname(urls[0]) not in text
+    assert len(text) < 20_000  # dominated by the random generator's 625 words
