@@ -6,10 +6,15 @@ process's share of the shards, starts a :class:`~wds_async.bridge.Bridge` (loop 
 engine), and closes it when the iteration ends for any reason: exhaustion, ``break``, an exception,
 ``del`` or garbage collection.
 
-Shard assignment: the full list is (optionally) shuffled with ``(seed, epoch)``, identically in every
-process, then split by node and by DataLoader worker, so that together the workers of all ranks read
-every shard exactly once. ``resampled=True`` instead draws shards with replacement, independently per
-rank and worker, forever (bound an epoch with ``.with_epoch(n)``).
+Work assignment (:mod:`wds_async.epoch`, :mod:`wds_async.plan`): the full list is (optionally) shuffled
+with ``(seed, epoch)``, identically in every process, then split by node and by DataLoader worker, so that
+together the workers of all ranks read every shard exactly once. With an ``index``, samples are split
+instead, in equal shares per rank and worker. ``resampled=True`` draws shards with replacement,
+independently per rank and worker, forever (bound an epoch with ``.with_epoch(n)``).
+
+Checkpoints (``state_dict`` / ``load_state_dict``, see :mod:`wds_async.state`) record which work items were
+delivered and where each one in flight stands; the engine's settings are this process's share of the node
+budgets (:mod:`wds_async.node`), computed at iteration time inside each worker.
 """
 
 from __future__ import annotations
@@ -59,6 +64,11 @@ class WebDataset(FluidPipeline):
         backend_options: keyword options for the backends, e.g. ``{"endpoint_url": ...}`` for S3-compatible
             stores or ``{"anonymous": True}`` for public buckets.
         allow_pipe: forbid (False) or allow ``pipe:`` URLs; default: allowed unless ``WDS_ASYNC_NO_PIPE``.
+        index: a shard index (path, store URL or :class:`~wds_async.ShardIndex`): split samples, not shards,
+            into equal shares per rank and worker, and check each shard's identity against it.
+        drop_last: with an index, drop the remainder instead of padding the last shares by wrapping around.
+        node_connections, node_buffered_bytes: node-wide budgets divided among the local loader processes
+            (default: ``WDS_ASYNC_NODE_CONNECTIONS`` / ``WDS_ASYNC_NODE_BUFFERED_BYTES``, else 256 and 2 GiB).
     """
 
     def __init__(

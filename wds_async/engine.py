@@ -1,16 +1,18 @@
-"""The engine: many shard downloads in flight, parsed as they arrive, into one byte-bounded channel.
+"""The engine: many work items in flight, parsed as they arrive, into one byte-bounded channel.
 
-``Engine.run()`` starts ``max_connections`` reader coroutines in a TaskGroup. Each takes the next shard
-from the shared shard iterator (so shards open in list order), streams it through its backend into a
-sans-IO :class:`~wds_async.tarstream.TarParser` and a :class:`~wds_async.grouping.Grouper`, and puts
-complete samples into the :class:`~wds_async.queues.SampleChannel`. Before every read a reader waits on
-the shared :class:`~wds_async.queues.ByteBudget`, so a slow consumer stops the downloads.
+``Engine.run()`` starts ``max_connections`` reader coroutines in a TaskGroup. Each takes the next
+:class:`~wds_async.work.WorkItem` (a whole shard, or a byte range of one at sample boundaries; plain URLs
+become whole-shard items) from the shared iterator, so items open in plan order. It reads the item's
+bytes through a :class:`~wds_async.reader.RangeReader` (which retries transient failures, resuming at the
+byte reached, and checks the object's identity on every open) into a sans-IO
+:class:`~wds_async.tarstream.TarParser` started at the item's offset and a
+:class:`~wds_async.grouping.Grouper`, and puts complete samples, tagged with the item's id, into the
+:class:`~wds_async.queues.SampleChannel`, followed by an :class:`~wds_async.work.ItemDone` marker. Before
+every read a reader waits on the shared :class:`~wds_async.queues.ByteBudget`, so a slow consumer stops the
+downloads. A compressed item is inflated from byte 0 and its members outside ``[start, end)`` dropped.
 
-A transient failure (see :class:`~wds_async.errors.TransientError`) is retried with exponential backoff
-and full jitter, reopening the source at the exact byte where the stream stopped and feeding the same
-parser, so nothing is lost or repeated. Between attempts the object's identity must not change.
-Errors that end a shard go to the user's ``handler``: it returns True (skip the shard, counted),
-False (stop the data here), or raises (the error reaches the consumer at this shard's position).
+Errors that end an item go to the user's ``handler``: it returns True (skip the item, counted),
+False (stop the data here), or raises (the error reaches the consumer at this item's position).
 
 The engine owns no thread: the bridge runs it in its loop thread.
 """
