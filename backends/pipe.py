@@ -94,8 +94,8 @@ class PipeBackend:
         self, proc: asyncio.subprocess.Process, errfile: IO[bytes], url: str, start: int, end: int | None
     ) -> AsyncIterator[bytes]:
         assert proc.stdout is not None
-        pos, skip = 0, start
-        while end is None or pos < end:
+        pos, skip = 0, start  # pos: bytes yielded so far, from ``start``
+        while end is None or pos < end - start:
             chunk = await proc.stdout.read(self.chunk_bytes)
             if not chunk:
                 break

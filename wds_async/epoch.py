@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import logging
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ from .urls import url_key
 from .work import WorkItem
 
 __all__ = ["Epoch", "Planner"]
+
+log = logging.getLogger("wds_async")
 
 
 @dataclass
@@ -128,6 +131,9 @@ class Planner:
                 return Epoch(epoch, procs, self.items(self.base(epoch), procs))
             return self._resampled_epoch(Epoch(epoch, procs, [], resample_seed=seed))
         self._check(source, procs)
+        if source["epoch"] != epoch:
+            log.warning("wds-async: resuming epoch %d from the loaded state; the dataset's epoch %d (set_epoch) "
+                        "applies from the next iteration on", source["epoch"], epoch)
         epoch = source["epoch"]
         progress = Progress.from_dict(source["progress"])
         if self.resampled:
