@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -53,6 +54,7 @@ def main() -> None:
             tmp = cfg["ckpt"] + ".tmp"
             torch.save({"step": step, "loader": loader.state_dict()}, tmp)
             os.replace(tmp, cfg["ckpt"])
+            time.sleep(cfg.get("step_time", 0.01))  # the training step: gives the parent time to kill mid-epoch
         log.write(json.dumps({"step": step, "done": True}) + "\n")
 
 

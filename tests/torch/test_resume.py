@@ -142,7 +142,7 @@ def test_elastic_resume_from_4_ranks_into_2(data: Any, tmp_path: Path, index: bo
     old = []
     for rank in range(4):
         cfg = {**base, "workers": 2, "ckpt": str(tmp_path / f"old{rank}.ckpt"), "log": str(tmp_path / f"old{rank}.log")}
-        assert _run(cfg, env={"RANK": str(rank), "WORLD_SIZE": "4"}, kill_at=2 + 2 * rank) == -9
+        assert _run(cfg, env={"RANK": str(rank), "WORLD_SIZE": "4"}, kill_at=2 + rank) == -9
         old.append(cfg)
     got = [k for cfg in old for k in _delivered(cfg["log"], upto=_checkpointed(cfg))]
     merged = [cfg["ckpt"] for cfg in old]
