@@ -146,7 +146,8 @@ class Planner:
             raise ValueError("this state belongs to another dataset (other shards, index or mode: "
                              f"{source['mode']!r} vs {self.mode!r}); it cannot be resumed here")
         if source["processes"] != procs.as_list():
-            raise ValueError(f"this state was saved by process {source['processes']} ([rank, world, worker, workers]) but "
+            raise ValueError(f"this state was saved by process {source['processes']} ([rank, world, worker, workers]) "
+                             "but "
                              f"is loaded in {procs.as_list()}; to resume with another world size or worker count, "
                              "merge every process's state with wds_async.merge_states() and load that")
 

@@ -87,7 +87,8 @@ def _checkpointed(cfg: dict[str, Any]) -> int:
 
 
 def _delivered(log: str, upto: int | None = None) -> list[str]:
-    return [k for line in _lines(log) if "keys" in line and (upto is None or line["step"] <= upto) for k in line["keys"]]
+    return [k for line in _lines(log) if "keys" in line and (upto is None or line["step"] <= upto)
+            for k in line["keys"]]
 
 
 def _reference(cfg: dict[str, Any], tmp: Path) -> list[str]:

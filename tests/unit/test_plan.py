@@ -62,7 +62,8 @@ def indexed(tmp_path: Path) -> tuple[list[str], Path]:
     urls = []
     for shard, count in enumerate([3, 5, 1, 4]):
         path = write_tar(tmp_path / f"s{shard}.tar",
-                         [(f"k{shard}_{i}.{ext}", f"{shard}-{i}".encode()) for i in range(count) for ext in ("txt", "cls")])
+                         [(f"k{shard}_{i}.{ext}", f"{shard}-{i}".encode())
+                          for i in range(count) for ext in ("txt", "cls")])
         urls.append(str(path))
     index = tmp_path / "index.jsonl"
     wds.build_index(urls).save(index)
@@ -128,7 +129,8 @@ def _resume_once(make: object, steps: int) -> tuple[list[str], list[str]]:
     return full, got + list(again)
 
 
-def test_index_shares_read_through_pipe_ranges(indexed: tuple[list[str], Path], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_index_shares_read_through_pipe_ranges(indexed: tuple[list[str], Path],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A pipe: source cannot seek: the backend skips to the range's start and stops at its end."""
     urls, index = indexed
     monkeypatch.setenv("RANK", "1")
