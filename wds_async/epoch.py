@@ -120,7 +120,7 @@ class Planner:
         ``held(state)`` lists the positions a pipeline state's stages held (they count as undelivered)."""
         procs = self.processes()
         if resume is not None and "elastic" in resume:
-            return self._elastic(resume["elastic"], procs, held)
+            return self._elastic(resume["elastic"], procs, held, epoch)
         source = resume["source"] if resume is not None else None
         if source is not None and source["epoch"] is None:  # saved before its first sample: a fresh start
             self._check(source, procs)
@@ -152,20 +152,21 @@ class Planner:
                              "merge every process's state with wds_async.merge_states() and load that")
 
     def _elastic(self, states: list[dict[str, Any]], procs: Processes,
-                 held: Callable[[dict[str, Any]], list[list[int]]]) -> Epoch:
+                 held: Callable[[dict[str, Any]], list[list[int]]], epoch: int) -> Epoch:
         if self.resampled:
             raise ValueError("an elastic resume re-splits the rest of an epoch; a resampled dataset has no fixed "
                              "epoch to split: start it afresh with the new world size")
         if self.entries is None and not self._default_split():
             raise ValueError("an elastic resume without an index needs the default node and worker splitters")
+        # A process that had not delivered its first sample saved no epoch: it owes its whole share.
+        epoch = next((s["source"]["epoch"] for s in states if s["source"]["epoch"] is not None), epoch)
         plans = []
         for state in states:
             source = state["source"]
             self._check(source, Processes(*source["processes"]))
             old = Processes(*source["processes"])
-            base = source["base"] if source["base"] is not None else self.base(source["epoch"])
+            base = source["base"] if source["base"] is not None else self.base(epoch)
             plans.append((self.items(base, old), Progress.from_dict(source["progress"]), held(state)))
-        epoch = states[0]["source"]["epoch"]
         order = shard_order(len(self.urls), self.seed, epoch, self.shardshuffle)
         base = remaining_runs(plans, self.entries, order)
         return Epoch(epoch, procs, self.items(base, procs), Progress(), base)

@@ -165,11 +165,14 @@ def merge_states(states: Iterable[Any]) -> dict[str, Any]:
     if not found:
         raise ValueError("merge_states: no wds-async dataset state found in what was given")
     first = found[0]
+    epochs = {state["source"]["epoch"] for state in found} - {None}  # None: saved before its first sample
+    if len(epochs) > 1:
+        raise ValueError(f"merge_states: the states are from epochs {sorted(epochs)}; they are not from one epoch")
     for state in found[1:]:
-        for key in ("dataset", "epoch", "mode"):
+        for key in ("dataset", "mode"):
             if state["source"][key] != first["source"][key]:
                 raise ValueError(f"merge_states: the states disagree on {key!r} ({first['source'][key]!r} vs "
-                                 f"{state['source'][key]!r}); they are not from one job and epoch")
+                                 f"{state['source'][key]!r}); they are not from one job")
     count = first["source"]["processes"][1] * first["source"]["processes"][3]
     seen: dict[int, dict[str, Any]] = {}
     for state in found:

@@ -172,8 +172,10 @@ def test_state_from_another_dataset_is_refused(data: Any) -> None:
     other.load_state_dict(state)
     with pytest.raises(ValueError, match="another dataset"):
         next(iter(other))
-    with pytest.raises(ValueError, match="merge_states"):
+    with pytest.raises(ValueError, match="not from one epoch"):
         wds.merge_states([state, {"wds_async": 1, "source": {**state["source"], "epoch": 5}}])
+    with pytest.raises(ValueError, match="are missing"):
+        wds.merge_states([{"wds_async": 1, "source": {**state["source"], "processes": [0, 2, 0, 1]}}])
 
 
 def test_resume_with_re_signed_urls(data: Any) -> None:

@@ -135,8 +135,8 @@ def test_index_shares_read_through_pipe_ranges(indexed: tuple[list[str], Path],
     urls, index = indexed
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    plain = _keys(wds.WebDataset(urls, index=index))
-    piped = wds.WebDataset([f"pipe:cat {u}" for u in urls], index=wds.ShardIndex(
+    plain = _keys(wds.WebDataset(urls, index=index, deterministic=True))
+    piped = wds.WebDataset([f"pipe:cat {u}" for u in urls], deterministic=True, index=wds.ShardIndex(
         [dataclasses.replace(e, url=f"pipe:cat {u}") for e, u in zip(wds.ShardIndex.load(index).shards, urls)]))
     assert _keys(piped) == plain and len(plain) == 7
 
@@ -159,3 +159,25 @@ def test_resampled_with_epoch_resumes_exactly(indexed: tuple[list[str], Path]) -
     again = wds.WebDataset(urls, resampled=True, deterministic=True).with_epoch(30).map(lambda s: s["__key__"])
     again.load_state_dict(state)
     assert head + list(again) == head + rest
+
+
+def test_elastic_merge_takes_a_rank_that_never_started(indexed: tuple[list[str], Path],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank checkpointed before its first sample (no epoch in its state) owes its whole share."""
+    urls, _ = indexed
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    ds0 = wds.WebDataset(urls, deterministic=True)
+    it = iter(ds0)
+    got = [next(it)["__key__"] for _ in range(2)]
+    state0 = ds0.state_dict()
+    it.close()
+    monkeypatch.setenv("RANK", "1")
+    state1 = wds.WebDataset(urls).state_dict()
+    assert state1["source"]["epoch"] is None
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    again = wds.WebDataset(urls)
+    again.load_state_dict(wds.merge_states([state1, state0]))
+    got += _keys(again)
+    assert sorted(got) == sorted(_keys(wds.WebDataset(urls)))
