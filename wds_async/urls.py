@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .errors import UrlError
 
@@ -173,13 +173,20 @@ _SECRET_PARAMS = re.compile(
 )
 
 
+def _network_parts(url: str) -> SplitResult | None:
+    """The parts of a URL with a ``scheme://`` authority; None for paths, ``pipe:`` and unparsable text."""
+    if url.startswith("pipe:") or "://" not in url:
+        return None
+    try:
+        return urlsplit(url)
+    except ValueError:
+        return None
+
+
 def redact_url(url: str) -> str:
     """Remove what must never reach a log: userinfo passwords and signing/SAS query values."""
-    if url.startswith("pipe:") or "://" not in url:
-        return url
-    try:
-        parts = urlsplit(url)
-    except ValueError:
+    parts = _network_parts(url)
+    if parts is None:
         return url
     netloc = parts.netloc
     if "@" in netloc:
@@ -197,11 +204,8 @@ def url_key(url: str) -> str:
     """``url`` without query, fragment and userinfo (scheme and host lower-cased): what names a shard in an
     index or a checkpoint, so a job may come back with freshly signed URLs for the same objects. Paths and
     ``pipe:`` commands are kept as they are."""
-    if url.startswith("pipe:") or "://" not in url:
-        return url
-    try:
-        parts = urlsplit(url)
-    except ValueError:
+    parts = _network_parts(url)
+    if parts is None:
         return url
     host = parts.netloc.rsplit("@", 1)[-1].lower()
     return urlunsplit((parts.scheme.lower(), host, parts.path, "", ""))
