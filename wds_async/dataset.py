@@ -154,7 +154,7 @@ class WebDataset(FluidPipeline):
     def shard_list(self) -> list[str]:
         """The shards this process (rank and DataLoader worker) reads in the current epoch, in order
         (without an index: with one, see :meth:`work_items`)."""
-        return [item.url for item in self._planner.items(self._planner.base(self.epoch), self._planner.processes())]
+        return [item.url for item in self.work_items()]
 
     def work_items(self) -> list[Any]:
         """This process's work items of the current epoch: ``(shard, start, end)`` byte ranges."""

@@ -272,6 +272,7 @@ class Engine:
                           rename_files=self.rename_files)
         lo, hi = item.start, item.end
         filtered = not ranged and (lo > 0 or hi is not None)
+        stopped_early = False  # a compressed item whose wanted range ended before the archive did
         held = 0
         try:
             async with aclosing(reader.chunks()) as chunks:
@@ -289,11 +290,12 @@ class Engine:
                         samples = grouper.push(members)
                         held = self._emit(token, item, samples, held, parser, grouper)
                         if past:
+                            stopped_early = True
                             break
                         continue
                     held = self._emit(token, item, grouper.push(members), held, parser, grouper)
-            if not ranged and hi is not None and reader.end is None and not parser.finished:
-                pass  # stopped early at the end of the wanted range of a compressed shard
+            if stopped_early:
+                pass  # the rest of the archive is not wanted, so its end is not checked
             elif item.end is None or not ranged:
                 parser.close()
             elif not parser.at_boundary or parser.offset != item.end:
