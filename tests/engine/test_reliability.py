@@ -49,8 +49,14 @@ def test_gzipped_shard_resumes_mid_stream(tmp_path: Path) -> None:
     with StoreProcess(tmp_path, Knobs()) as server:
         urls = server.base_url + "shard-{000000..000001}.tar.gz"
         clean = _digest(wds.WebDataset(urls, deterministic=True))
-        faulty = wds.WebDataset(urls + "?drop_rate=0.9", deterministic=True, retry=RETRY)
-        assert _digest(faulty) == clean and clean[0] > 0
+        assert clean[0] > 0
+        # The store's fault dice are server-wide, so "no drop at all" (about 1 run in 100 with two shards)
+        # can happen: repeat until a drop really happened, checking every run.
+        for _ in range(5):
+            faulty = wds.WebDataset(urls + "?drop_rate=0.9", deterministic=True, retry=RETRY)
+            assert _digest(faulty) == clean
+            if faulty.stats()["retries"] > 0:
+                break
         assert faulty.stats()["retries"] > 0
 
 
