@@ -102,7 +102,7 @@ def check_http_url(url: str) -> None:
 
 def status_error(status: int, url: str, reason: str = "", *, offset: int | None = None) -> Exception:
     """Map an HTTP status to the error tree: 404 not found, 401/403 permission, 408/429/5xx transient."""
-    from wds_async.errors import BackendError, NotFound, PermissionDenied, TransientError
+    from wds_async.errors import BackendError, NotFound, PermissionDenied, Throttled, TransientError
 
     text = f"HTTP {status}{' ' + reason if reason else ''}"
     if status == 404 or status == 410:
@@ -111,7 +111,10 @@ def status_error(status: int, url: str, reason: str = "", *, offset: int | None 
         return PermissionDenied(
             f"{text}: access denied; check the credentials or the object's permissions", url=url, offset=offset
         )
-    if status in (408, 429) or 500 <= status < 600:
+    if status in (429, 503):
+        return Throttled(f"{text}: the store asks to slow down; will retry with fewer requests in flight",
+                         url=url, offset=offset)
+    if status == 408 or 500 <= status < 600:
         return TransientError(f"{text}: the server is failing or throttling; will retry", url=url, offset=offset)
     if status == 416:
         return BackendError(f"{text}: requested range not satisfiable (object shorter than expected?)",

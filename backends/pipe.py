@@ -64,6 +64,10 @@ def _describe(returncode: int) -> str:
 class PipeBackend:
     """Runs each ``pipe:`` command as an asyncio subprocess and streams its stdout."""
 
+    #: A command's output has no ranges: a start offset is reached by reading and discarding, so a shard
+    #: is never split into concurrent parts.
+    ranged_reads = False
+
     def __init__(self, *, chunk_bytes: int = 1 << 20, kill_grace: float = 1.0, allow_pipe: bool | None = None,
                  **_: object) -> None:
         self.chunk_bytes = chunk_bytes

@@ -25,7 +25,7 @@ import botocore.exceptions
 from botocore import UNSIGNED
 from botocore.config import Config
 
-from wds_async.errors import BackendError, NotFound, PermissionDenied, TransientError, UrlError
+from wds_async.errors import BackendError, NotFound, PermissionDenied, Throttled, TransientError, UrlError
 
 from .base import glob_prefix, glob_regex
 from .http import HttpBackend
@@ -107,7 +107,9 @@ class S3Backend(HttpBackend):
             return NotFound(f"S3 {code or 'HTTP 404'}: check the bucket and key", url=url)
         if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403") or status in (401, 403):
             return PermissionDenied(f"S3 {code or 'HTTP 403'}: access denied [{self.auth_description()}]", url=url)
-        if code in ("SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable") or status >= 500:
+        if code in ("SlowDown", "ServiceUnavailable", "TooManyRequests") or status in (429, 503):
+            return Throttled(f"S3 {code or status}: the store asks to slow down", url=url)
+        if code in ("RequestTimeout", "InternalError") or status >= 500:
             return TransientError(f"S3 {code or status}: the store is throttling or failing", url=url)
         return BackendError(f"S3 {code or status}: {exc}", url=url)
 

@@ -53,7 +53,10 @@ class WebDataset(FluidPipeline):
         resampled: draw shards with replacement, endlessly, per rank and worker.
         repeat: iterate the shards again and again (``.repeat()``).
         deterministic: deliver samples shard by shard in shard order (default: as they arrive).
-        max_connections, max_buffered_bytes, read_timeout, connect_timeout, retry: engine settings
+        max_connections: requests in flight: ``"auto"`` (default; tuned at run time within this process's
+            share of the node, see :mod:`wds_async.autotune`) or a fixed int.
+        part_bytes: shards larger than this are fetched as concurrent ranged parts (0: never).
+        max_buffered_bytes, read_timeout, connect_timeout, retry: engine settings
             (see :class:`~wds_async.config.EngineConfig`); or pass a whole ``config``.
         nodesplitter, workersplitter: ``iterable of {"url": ...} -> iterable`` selecting this rank's and
             this worker's shares (webdataset's signature); ``None`` disables a split.
@@ -82,8 +85,9 @@ class WebDataset(FluidPipeline):
         resampled: bool = False,
         repeat: bool = False,
         deterministic: bool | None = None,
-        max_connections: int | None = None,
+        max_connections: int | str | None = None,
         max_buffered_bytes: int | None = None,
+        part_bytes: int | None = None,
         read_timeout: float | None = None,
         connect_timeout: float | None = None,
         retry: RetryPolicy | None = None,
@@ -104,7 +108,8 @@ class WebDataset(FluidPipeline):
     ) -> None:
         super().__init__()
         changes = {k: v for k, v in dict(
-            max_connections=max_connections, max_buffered_bytes=max_buffered_bytes, read_timeout=read_timeout,
+            max_connections=max_connections, max_buffered_bytes=max_buffered_bytes, part_bytes=part_bytes,
+            read_timeout=read_timeout,
             connect_timeout=connect_timeout, retry=retry, deterministic=deterministic).items() if v is not None}
         self.config = (config or EngineConfig()).replace(**changes)
         self._explicit = frozenset(["max_connections", "max_buffered_bytes"] if config is not None else
@@ -131,6 +136,7 @@ class WebDataset(FluidPipeline):
         self.empty_check = empty_check
         self.log_interval = log_interval
         self._stats_box: list[Stats | None] = [None]
+        self._tuned = 0  # the concurrency the previous iteration's autotuner ended at
         if repeat:
             self._repetitions = 2**62
         self.drop_last = drop_last
@@ -176,6 +182,8 @@ class WebDataset(FluidPipeline):
     def _engine(self, items: Any, stats: Stats, **callbacks: Any) -> Iterator[Any]:
         config, share = share_config(self.config, node_connections=self.node_connections,
                                      node_buffered_bytes=self.node_buffered_bytes, explicit=self._explicit)
+        if config.autotune and self._tuned:  # a new epoch starts where the last one's autotuner settled
+            config = config.replace(start_connections=self._tuned)
         stats.node_share = share.as_dict()
         return stream_samples(
             items, config=config, handler=self.handler, stats=stats, backends=self._backends,
@@ -208,6 +216,9 @@ class WebDataset(FluidPipeline):
         return out
 
     def _samples(self, run: Any, ep: Any) -> Iterator[Any]:
+        previous = self._stats_box[0]
+        if previous is not None and previous.concurrency:
+            self._tuned = previous.concurrency
         stats = Stats()
         self._stats_box[0] = stats
         todo = ep.todo()

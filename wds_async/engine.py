@@ -32,8 +32,11 @@ from .config import EngineConfig
 from .errors import TruncatedShard, WdsError
 from .grouping import Grouper, Sample, sample_nbytes
 from .queues import ByteBudget, ChannelClosed, SampleChannel
-from .stats import Stats
+from .autotune import Autotuner
+from .limiter import Limiter
+from .parts import PartedRead
 from .reader import RangeReader
+from .stats import Stats
 from .tarstream import TarParser
 from .urls import redact_url
 from .work import ItemDone, WorkItem
@@ -69,7 +72,7 @@ class BackendSet:
             # http and https share one instance and therefore one connection pool.
             shared = next((b for b in self._owned if type(b) is cls), None)
             backend = shared or cls(
-                max_connections=self._config.max_connections,
+                max_connections=self._config.connections,
                 connect_timeout=self._config.connect_timeout,
                 read_timeout=self._config.read_timeout,
                 chunk_bytes=self._config.chunk_bytes,
@@ -128,6 +131,7 @@ class Engine:
         self.handler = handler
         self.stats = stats
         self.log_interval = log_interval
+        self.limiter = Limiter(1)
         self._stopping = False
         self.stats.shards_total = len(urls) if isinstance(urls, Sized) else 0
         self.stats.buffer_limit = self.budget.limit
@@ -136,15 +140,26 @@ class Engine:
     async def run(self) -> None:
         """Fetch every shard; errors that escape the handler logic are delivered via the channel."""
         shards = self._items()
+        config = self.config
+        self.limiter = Limiter(config.first_connections)
+        tuner = None
+        if config.autotune:
+            tuner = Autotuner(self.limiter, self.stats, self.budget, minimum=config.min_connections,
+                              cap=config.connections)
+        else:
+            self.stats.concurrency = self.stats.concurrency_cap = config.connections
+            self.stats.concurrency_reason = f"fixed: max_connections={config.connections}"
         try:
             async with TaskGroup() as outer:
                 logger = outer.create_task(self._log_periodically()) if self.log_interval else None
+                tuning = outer.create_task(tuner.run()) if tuner is not None else None
                 async with TaskGroup() as readers:
-                    count = len(self.urls) if isinstance(self.urls, Sized) else self.config.max_connections
-                    for _ in range(min(self.config.max_connections, count)):
+                    count = len(self.urls) if isinstance(self.urls, Sized) else config.connections
+                    for _ in range(min(config.connections, count)):
                         readers.create_task(self._reader(shards))
-                if logger is not None:
-                    logger.cancel()
+                for task in (logger, tuning):
+                    if task is not None:
+                        task.cancel()
         except ChannelClosed:
             pass
         except _GROUP as group:
@@ -178,32 +193,42 @@ class Engine:
             log.info("wds-async: %s", self.stats.line())
 
     async def _reader(self, items: Iterator[WorkItem]) -> None:
-        for item in items:
-            if self._stopping or self.channel.abandoned:
-                return
-            token = object()
-            self.channel.open_shard(token)
-            self.stats.shards_in_flight += 1
+        """Take a token, then the next item; read it; give the token back; repeat until no items remain."""
+        while not (self._stopping or self.channel.abandoned):
+            await self.limiter.acquire()
             try:
-                await self._fetch_item(item, token)
-                self.stats.shards_done += 1
-                self.channel.put(token, ItemDone(item.id), 0)
-            except ChannelClosed:
-                return
-            except _Stop:
-                self.channel.put_stop(token)
-                self._stopping = True
-            except _HandlerRaised as raised:
-                self.channel.put_error(token, raised.error)
-                self._stopping = True
-            except (WdsError, OSError) as exc:
-                if self._shard_failed(token, exc) and not self.channel.abandoned:
-                    self.channel.put(token, ItemDone(item.id), 0)
+                item = next(items, None)
+                if item is None or self._stopping or self.channel.abandoned:
+                    return
+                await self._read_item(item)
             finally:
-                self.stats.shards_in_flight -= 1
-                self.budget.forget(token)
-                if not self.channel.abandoned:
-                    self.channel.close_shard(token)
+                self.limiter.release()
+
+    async def _read_item(self, item: WorkItem) -> None:
+        """One item from open to close in the channel, errors sent to the handler."""
+        token = object()
+        self.channel.open_shard(token)
+        self.stats.shards_in_flight += 1
+        try:
+            await self._fetch_item(item, token)
+            self.stats.shards_done += 1
+            self.channel.put(token, ItemDone(item.id), 0)
+        except ChannelClosed:
+            self._stopping = True
+        except _Stop:
+            self.channel.put_stop(token)
+            self._stopping = True
+        except _HandlerRaised as raised:
+            self.channel.put_error(token, raised.error)
+            self._stopping = True
+        except (WdsError, OSError) as exc:
+            if self._shard_failed(token, exc) and not self.channel.abandoned:
+                self.channel.put(token, ItemDone(item.id), 0)
+        finally:
+            self.stats.shards_in_flight -= 1
+            self.budget.forget(token)
+            if not self.channel.abandoned:
+                self.channel.close_shard(token)
 
     def _shard_failed(self, token: object, exc: BaseException) -> bool:
         """Ask the handler about a failed item; True when it chose to skip it (and go on)."""
@@ -265,8 +290,24 @@ class Engine:
             compressed = await self._is_gzip(backend, item)
         ranged = not compressed
         first = item.start if ranged else 0
-        reader = RangeReader(backend, item.url, start=first, end=item.end if ranged else None,
-                             policy=self.config.retry, stats=self.stats, expect=item.expect)
+        failure: BaseException | None = None
+        async with TaskGroup() as group:
+            reader = PartedRead(backend, item.url, start=first, end=item.end if ranged else None,
+                                policy=self.config.retry, stats=self.stats, expect=item.expect, limiter=self.limiter,
+                                budget=self.budget, channel=self.channel, owner=token,
+                                part_bytes=self.config.part_bytes, group=group)
+            try:
+                await self._parse_item(item, token, reader, ranged)
+            except BaseException as exc:  # noqa: BLE001 - re-raised below, outside the group
+                failure = exc
+            finally:
+                reader.close()
+        if failure is not None:
+            raise failure
+
+    async def _parse_item(self, item: WorkItem, token: object, reader: PartedRead, ranged: bool) -> None:
+        """Feed the item's bytes to a parser and a grouper and its samples to the channel."""
+        first = reader.start
         parser = TarParser(url=reader.shown, start_offset=first)
         grouper = Grouper(reader.shown, self._on_sample_error, select_files=self.select_files,
                           rename_files=self.rename_files)

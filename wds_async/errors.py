@@ -97,6 +97,12 @@ class TransientError(BackendError):
     """A failure worth retrying: server errors, throttling, dropped or stalled connections."""
 
 
+class Throttled(TransientError):
+    """The store asked the client to slow down: HTTP 429 or 503 (S3 ``SlowDown``, GCS
+    ``rateLimitExceeded``, Azure ``ServerBusy``). Retried like any transient error; the concurrency
+    autotuner also takes it as the signal to lower the number of requests in flight."""
+
+
 class ObjectChanged(BackendError):
     """The object's identity (size, ETag, generation) differs from the one recorded earlier: between two
     attempts of one read, or since an index or a checkpoint was made. Never retried: splicing two

@@ -93,7 +93,7 @@ async def _index_all(urls: list[str], config: EngineConfig, options: Mapping[str
 
     try:
         async with TaskGroup() as group:
-            for _ in range(min(config.max_connections, len(urls))):
+            for _ in range(min(config.connections, len(urls))):
                 group.create_task(worker())
     except _GROUP as errors:
         raise next(e for e in errors.exceptions if not isinstance(e, asyncio.CancelledError)) from None

@@ -145,11 +145,16 @@ def share_config(
 
     connections = max(MIN_CONNECTIONS, node_conn // procs)
     if "max_connections" in explicit or not conn_chosen:
-        connections = min(connections, config.max_connections)
+        connections = min(connections, config.connections)
     buffered = max(MIN_BUFFERED_BYTES, node_bytes // procs)
     if "max_buffered_bytes" in explicit or not bytes_chosen:
         buffered = min(buffered, config.max_buffered_bytes)
 
     share = NodeShare(processes=procs, node_connections=node_conn, node_buffered_bytes=node_bytes,
                       max_connections=connections, max_buffered_bytes=buffered)
-    return config.replace(max_connections=connections, max_buffered_bytes=buffered), share
+    if config.autotune:  # the autotuner moves freely below this process's share
+        shared = config.replace(connection_cap=connections, min_connections=min(config.min_connections, connections),
+                                max_buffered_bytes=buffered)
+    else:
+        shared = config.replace(max_connections=connections, max_buffered_bytes=buffered)
+    return shared, share

@@ -88,6 +88,17 @@ class ByteBudget:
                 if not fut.done():
                     fut.cancel()
 
+    async def changed(self) -> None:
+        """Wait for the next :meth:`wake` (a release, or the consumer starving): callers re-check their
+        own condition in a loop."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await fut
+        finally:
+            if not fut.done():
+                fut.cancel()
+
     def statistics(self) -> dict[str, int]:
         return {"used": self.used, "limit": self.limit, "peak": self.peak, "waiting": len(self._waiters)}
 
@@ -289,6 +300,17 @@ class SampleChannel:
                 self._getter = None
         self.budget.release(taken)
         return items, done
+
+    async def changed(self) -> None:
+        """Wait for the next :meth:`wake` (a release, or the consumer starving): callers re-check their
+        own condition in a loop."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await fut
+        finally:
+            if not fut.done():
+                fut.cancel()
 
     def statistics(self) -> dict[str, int]:
         with self._lock:

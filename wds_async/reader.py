@@ -27,7 +27,7 @@ from typing import Any
 
 from .backends import ObjectIdentity
 from .config import RetryPolicy
-from .errors import ObjectChanged, TransientError
+from .errors import ObjectChanged, Throttled, TransientError
 from .stats import Stats
 from .urls import redact_url
 
@@ -59,6 +59,8 @@ class RangeReader:
         self.expect = expect
         self.what = what
         self.identity: ObjectIdentity | None = None
+        #: What the first open's stream reported (``ByteStream.info``: e.g. the HTTP status).
+        self.info: dict[str, Any] | None = None
 
     def _check(self, seen: ObjectIdentity) -> None:
         if self.identity is None:
@@ -78,12 +80,21 @@ class RangeReader:
         failures, first_failure = 0, 0.0
         while self.end is None or self.pos < self.end:
             progress_at_start = self.pos
+            opened = time.monotonic()
             try:
+                if self.stats is not None:
+                    self.stats.requests += 1
                 async with self.backend.open(self.url, start=self.pos, end=self.end) as stream:
                     self._check(stream.identity)
+                    if self.info is None:
+                        self.info = dict(stream.info)
+                    first = True
                     async for chunk in stream:
                         self.pos += len(chunk)
                         if self.stats is not None:
+                            if first:
+                                self.stats.observe_ttfb(time.monotonic() - opened)
+                                first = False
                             self.stats.bytes_read += len(chunk)
                         yield chunk
                 size = self.identity.size if self.identity is not None else None
@@ -93,6 +104,8 @@ class RangeReader:
                                          offset=self.pos)
                 return
             except TransientError as exc:
+                if isinstance(exc, Throttled) and self.stats is not None:
+                    self.stats.throttled += 1
                 if self.pos > progress_at_start:
                     failures, first_failure = 0, 0.0
                 failures += 1

@@ -27,6 +27,13 @@ class Stats:
     shards_skipped: int = 0
     samples_skipped: int = 0
     retries: int = 0
+    requests: int = 0              # opens of a source (each retry and each ranged part is one)
+    throttled: int = 0             # 429/503 answers: the store asked to slow down
+    parts: int = 0                 # extra ranged parts fetched beside large shards' in-order reads
+    ttfb_s: float | None = None    # time to first byte, a moving average over requests
+    concurrency: int = 0           # requests the engine allows in flight now
+    concurrency_cap: int = 0       # the most it may allow (fixed, or the autotuner's ceiling)
+    concurrency_reason: str = ""   # why the concurrency last changed
     wait_seconds: float = 0.0      # consumer time spent blocked on the engine: the starvation signal
     buffered_bytes: int = 0
     buffer_limit: int = 0
@@ -36,6 +43,10 @@ class Stats:
     node_share: dict[str, int] | None = None
     #: The engine's live byte budget, read for current/peak buffered bytes (set by the engine).
     budget: Any = field(default=None, repr=False, compare=False)
+
+    def observe_ttfb(self, seconds: float) -> None:
+        """Fold one request's time to first byte into the moving average."""
+        self.ttfb_s = seconds if self.ttfb_s is None else 0.8 * self.ttfb_s + 0.2 * seconds
 
     def snapshot(self) -> dict[str, Any]:
         """A dict of counters plus derived rates (MB/s uses 10**6 bytes)."""
@@ -60,6 +71,13 @@ class Stats:
             "shards_skipped": self.shards_skipped,
             "samples_skipped": self.samples_skipped,
             "retries": self.retries,
+            "requests": self.requests,
+            "throttled": self.throttled,
+            "parts": self.parts,
+            "ttfb_ms": None if self.ttfb_s is None else round(self.ttfb_s * 1000, 1),
+            "concurrency": self.concurrency,
+            "concurrency_cap": self.concurrency_cap,
+            "concurrency_reason": self.concurrency_reason,
             "wait_s": round(self.wait_seconds, 3),
             "wait_fraction": round(self.wait_seconds / elapsed, 3),
             "node_share": None if self.node_share is None else dict(self.node_share),
@@ -72,6 +90,7 @@ class Stats:
             f"{s['mb_per_s']:.1f} MB/s, {s['samples_per_s']:.0f} samples/s, "
             f"buffered {s['buffered_bytes'] / 1e6:.1f}/{s['buffer_limit'] / 1e6:.0f} MB, "
             f"shards {s['shards_done']}/{s['shards_total']} done, {s['shards_in_flight']} in flight, "
+            f"{s['concurrency']} requests allowed ({s['concurrency_reason'] or 'fixed'}), "
             f"{s['retries']} retries, {s['shards_skipped']} shards and {s['samples_skipped']} samples skipped, "
             f"consumer waited {s['wait_s']:.1f} s ({100 * s['wait_fraction']:.0f}%)"
         )

@@ -37,7 +37,10 @@ def test_defaults_keep_todays_per_process_settings_up_to_eight_processes() -> No
     assert (NODE_CONNECTIONS, NODE_BUFFERED_BYTES) == (8 * 32, 8 * 256 * MiB)
     for processes in (1, 2, 8):
         share = _share(processes=processes)
-        assert (share.max_connections, share.max_buffered_bytes) == (32, 256 * MiB)
+        # autotuned: the ceiling is the process's share of the node's connections
+        assert (share.max_connections, share.max_buffered_bytes) == (256 // processes, 256 * MiB)
+        fixed = share_config(EngineConfig(max_connections=32), processes=processes)[1]
+        assert (fixed.max_connections, fixed.max_buffered_bytes) == (32, 256 * MiB)
     share = _share(processes=64)  # 8 ranks x 8 workers
     assert (share.max_connections, share.max_buffered_bytes) == (4, 32 * MiB)
     assert share.as_dict() == {"processes": 64, "node_connections": 256, "node_buffered_bytes": 2 * GiB,
@@ -54,9 +57,12 @@ def test_floors_win_over_a_budget_split_too_thin() -> None:
 def test_config_is_replaced_with_the_share_and_nothing_else_changes() -> None:
     base = EngineConfig(chunk_bytes=MiB // 2, read_timeout=7.0, deterministic=True)
     cfg, share = share_config(base, processes=16)
-    assert (cfg.max_connections, cfg.max_buffered_bytes) == (16, 128 * MiB) == (
+    assert (cfg.connection_cap, cfg.max_buffered_bytes) == (16, 128 * MiB) == (
         share.max_connections, share.max_buffered_bytes)
-    assert cfg.replace(max_connections=32, max_buffered_bytes=256 * MiB) == base
+    assert cfg.autotune and cfg.connections == 16 and cfg.first_connections == 16
+    assert cfg.replace(connection_cap=256, max_buffered_bytes=256 * MiB) == base
+    fixed, _ = share_config(base.replace(max_connections=32), processes=16)
+    assert (fixed.max_connections, fixed.connection_cap) == (16, 256)
     assert cfg.handoff_bytes == 16 * MiB
 
 
@@ -101,7 +107,7 @@ def test_environment_sets_the_node_budget(monkeypatch: pytest.MonkeyPatch) -> No
     assert (share.node_connections, share.node_buffered_bytes) == (3, 12 * MiB)
     # blank means unset
     monkeypatch.setenv("WDS_ASYNC_NODE_CONNECTIONS", " ")
-    assert _share(processes=1).max_connections == 32
+    assert _share(processes=1).max_connections == 256  # the default node share, the autotuner's ceiling
 
 
 @pytest.mark.parametrize(("text", "expected"), [

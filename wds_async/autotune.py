@@ -1,0 +1,197 @@
+"""The concurrency autotuner: as many requests in flight as raise throughput, and no more.
+
+It sets :attr:`~wds_async.limiter.Limiter.total` of the engine's limiter. Every few tens of milliseconds
+it samples two facts (was concurrency the limit: every token taken and work waiting for one; was the
+buffer full while the consumer did not wait), and once per *interval* (about three times the measured
+time to first byte, between 0.25 s and 2 s, so that new requests have begun to stream before they are
+judged) it compares the bytes per second of that interval with the previous ones and decides:
+
+``ramp``
+    Start: double the concurrency each interval while throughput rises by at least 20% per doubling
+    (TCP's slow start, with throughput standing in for acknowledgements). A doubling that gains less
+    than that is the knee: go back to the lower level when it gained under 5%, else keep it, and hold.
+``hold``
+    Stay; every ``probe_every`` seconds try 25% more (at least one more). A probe that gains at least
+    7% is kept and ramping resumes gently; one that does not is undone and the next probe waits twice
+    as long (up to a minute), so a flat store costs one probe a minute.
+``throttled``
+    Any 429/503 (S3 ``SlowDown``, GCS ``rateLimitExceeded``, Azure ``ServerBusy``) in an interval cuts the
+    concurrency to 70% of what was in flight, and the level that drew the rejection becomes a ceiling
+    for a minute. After a throttle, growth is additive (one more request per probe), as in TCP's
+    congestion avoidance, so a store that rejects above N concurrent requests sees a rejection about
+    once a minute rather than one per doubling.
+``consumer``
+    The byte buffer stayed full while the consumer never waited: training, not the network, is the
+    bottleneck. More requests would only hold more connections open, so the concurrency shrinks by 20%
+    per interval down to the floor; when the buffer drains and concurrency limits again, ramping
+    restarts.
+
+When fewer requests are open than allowed (few shards left, or the consumer is keeping up anyway), the
+interval says nothing about concurrency and nothing changes. Each change sets ``stats.concurrency`` and a
+one-line ``stats.concurrency_reason``. The decision logic, :meth:`Autotuner.decide`, is a pure function of
+its observations so that tests can drive it with a synthetic store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass
+
+from .limiter import Limiter
+from .queues import ByteBudget
+from .stats import Stats
+
+__all__ = ["Autotuner", "Observation"]
+
+RAMP_GAIN = 1.20     # a doubling must gain this much to keep doubling
+KNEE_KEEP = 1.05     # a doubling that gained less than this is undone at the knee
+PROBE_GAIN = 1.07    # a probe must gain this much to be kept
+BACKOFF = 0.70       # multiplicative decrease on throttling
+SHRINK = 0.80        # per interval while the consumer is the bottleneck
+CEILING_SECONDS = 60.0
+TICK = 0.05
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one interval showed."""
+
+    now: float
+    throughput: float       # bytes/s over the interval
+    throttled: int          # 429/503 answers during the interval
+    limited: float          # fraction of ticks where concurrency was the limit
+    consumer_bound: float   # fraction of ticks with a full buffer and a consumer that did not wait
+    in_flight: int          # tokens taken at the end of the interval
+
+
+class Autotuner:
+    """Drives ``limiter.total`` from the engine's counters (see the module docstring)."""
+
+    def __init__(self, limiter: Limiter, stats: Stats, budget: ByteBudget | None, *, minimum: int, cap: int,
+                 probe_every: float = 5.0) -> None:
+        self.limiter = limiter
+        self.stats = stats
+        self.budget = budget
+        self.minimum = max(1, min(minimum, cap))
+        self.cap = cap
+        self.probe_every = probe_every
+        self.phase = "ramp"
+        self._ramp_from: tuple[int, float] | None = None  # (level, throughput) before the last doubling
+        self._probe_from: tuple[int, float] | None = None
+        self._held = 0.0                 # throughput at the held level (an average)
+        self._probe_wait = probe_every
+        self._next_probe = 0.0
+        self._ceiling = cap
+        self._ceiling_until = 0.0
+        self._gentle = False             # additive growth once the store has throttled
+        self._set(limiter.total, "start")
+
+    # -- the loop ------------------------------------------------------------------------------------
+    def interval(self) -> float:
+        """Seconds per decision: three times the time to first byte, within [0.25, 2]."""
+        ttfb = self.stats.ttfb_s
+        return 0.5 if ttfb is None else min(2.0, max(0.25, 3.0 * ttfb))
+
+    async def run(self) -> None:
+        """Observe and decide until cancelled (the engine cancels it when the data ends)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            bytes0, throttled0, wait0 = self.stats.bytes_read, self.stats.throttled, self.stats.wait_seconds
+            ticks = limited = full = 0
+            length = self.interval()
+            while loop.time() - started < length:
+                await asyncio.sleep(TICK)
+                ticks += 1
+                if self.limiter.borrowed >= self.limiter.total and self.limiter.waiting:
+                    limited += 1
+                if self.budget is not None and self.budget.used >= 0.75 * self.budget.limit:
+                    full += 1
+            elapsed = max(loop.time() - started, 1e-6)
+            waited = (self.stats.wait_seconds - wait0) / elapsed
+            obs = Observation(
+                now=time.monotonic(), throughput=(self.stats.bytes_read - bytes0) / elapsed,
+                throttled=self.stats.throttled - throttled0, limited=limited / max(ticks, 1),
+                consumer_bound=(full / max(ticks, 1)) if waited < 0.05 else 0.0,
+                in_flight=self.limiter.borrowed)
+            self.decide(obs)
+
+    # -- the decision --------------------------------------------------------------------------------
+    def _set(self, level: int, reason: str) -> None:
+        level = max(self.minimum, min(self.cap, level))
+        if level != self.limiter.total:
+            self.limiter.total = level
+        self.stats.concurrency = level
+        self.stats.concurrency_cap = self.cap
+        self.stats.concurrency_reason = reason
+
+    def _top(self, now: float) -> int:
+        return self._ceiling if now < self._ceiling_until else self.cap
+
+    def decide(self, obs: Observation) -> None:
+        """Change (or keep) the concurrency after one interval."""
+        level, mbs = self.limiter.total, obs.throughput / 1e6
+        if obs.throttled:
+            drawn = max(level, obs.in_flight)
+            self._ceiling, self._ceiling_until = max(self.minimum, drawn - 1), obs.now + CEILING_SECONDS
+            self._gentle = True
+            self.phase, self._ramp_from, self._probe_from = "hold", None, None
+            self._held, self._next_probe = 0.0, obs.now + self.probe_every
+            self._set(math.floor(drawn * BACKOFF), f"backed off: {obs.throttled} throttled answers (429/503) "
+                      f"at {drawn} in flight")
+            return
+        if obs.consumer_bound > 0.5:
+            self.phase, self._ramp_from, self._probe_from = "consumer", None, None
+            if level > self.minimum:
+                self._set(math.ceil(level * SHRINK), "the consumer is the bottleneck (buffer full, consumer "
+                          "not waiting)")
+            return
+        if obs.limited < 0.5:
+            return  # not enough work waiting to judge concurrency by this interval
+        top = self._top(obs.now)
+        if self.phase == "consumer":
+            self.phase, self._ramp_from = "ramp", None
+        if self.phase == "ramp":
+            if self._ramp_from is None or obs.throughput >= self._ramp_from[1] * RAMP_GAIN:
+                if level >= top:
+                    self._hold(obs, level, f"at the ceiling {top} ({mbs:.0f} MB/s)")
+                    return
+                gained = "" if self._ramp_from is None else f" (+{obs.throughput / self._ramp_from[1] - 1:.0%})"
+                self._ramp_from = (level, obs.throughput)
+                step = level + 1 if self._gentle else level * 2
+                self._set(min(top, step), f"ramping up: {mbs:.0f} MB/s at {level}{gained}")
+                return
+            before, before_thr = self._ramp_from
+            keep = level if obs.throughput >= before_thr * KNEE_KEEP else before
+            self._hold(obs, keep, f"knee at {keep}: {mbs:.0f} MB/s at {level} vs {before_thr / 1e6:.0f} at {before}",
+                       max(obs.throughput, before_thr))
+            return
+        if self.phase == "probe":
+            assert self._probe_from is not None
+            before, before_thr = self._probe_from
+            self._probe_from = None
+            if obs.throughput >= before_thr * PROBE_GAIN:
+                self._probe_wait = self.probe_every
+                if self._gentle:
+                    self._hold(obs, level, f"probe kept: {mbs:.0f} MB/s at {level} vs {before_thr / 1e6:.0f} at {before}")
+                else:
+                    self.phase, self._ramp_from = "ramp", (level, obs.throughput)
+                    self._set(min(top, level * 2), f"probe gained: ramping from {level} ({mbs:.0f} MB/s)")
+                return
+            self._probe_wait = min(60.0, self._probe_wait * 2)
+            self._hold(obs, before, f"probe to {level} gained nothing ({mbs:.0f} vs {before_thr / 1e6:.0f} MB/s)",
+                       before_thr)
+            return
+        # hold
+        self._held = obs.throughput if not self._held else 0.7 * self._held + 0.3 * obs.throughput
+        if obs.now >= self._next_probe and level < top:
+            self.phase, self._probe_from = "probe", (level, self._held)
+            self._set(min(top, max(level + 1, math.ceil(level * 1.25))), f"probing above {level}")
+
+    def _hold(self, obs: Observation, level: int, reason: str, throughput: float | None = None) -> None:
+        self.phase, self._ramp_from = "hold", None
+        self._held = obs.throughput if throughput is None else throughput
+        self._next_probe = obs.now + self._probe_wait
+        self._set(level, reason)

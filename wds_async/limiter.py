@@ -1,0 +1,93 @@
+"""Requests in flight as tokens whose total can change while the engine runs.
+
+The model is anyio's ``CapacityLimiter``: ``total`` tokens, ``borrowed`` of them taken; a task that finds
+none free waits, first come first served. Changing :attr:`Limiter.total` takes effect at once:
+
+* raising it hands the new tokens to waiters right away;
+* lowering it takes nothing back from the tasks that hold one (a request is not cut mid-stream); the
+  tokens they return are simply not handed on until ``borrowed`` is below the new total.
+
+The engine takes a token for every request it keeps open (a whole shard, or one ranged part of a large
+one), so ``total`` is the concurrency the autotuner (or a fixed ``max_connections``) asks for. Single
+event loop; not thread-safe, like everything else in the loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from types import TracebackType
+
+__all__ = ["Limiter"]
+
+
+class Limiter:
+    """``total`` tokens shared by the engine's requests (see the module docstring)."""
+
+    def __init__(self, total: int) -> None:
+        self._total = self._check(total)
+        self.borrowed = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    @staticmethod
+    def _check(total: int) -> int:
+        if not isinstance(total, int) or isinstance(total, bool) or total < 1:
+            raise ValueError(f"a limiter needs a positive int total, got {total!r}")
+        return total
+
+    @property
+    def total(self) -> int:
+        return self._total
+
+    @total.setter
+    def total(self, value: int) -> None:
+        self._total = self._check(value)
+        self._hand_on()
+
+    @property
+    def waiting(self) -> int:
+        """Tasks waiting for a token: work that more concurrency would start now."""
+        return sum(1 for fut in self._waiters if not fut.done())
+
+    def try_acquire(self) -> bool:
+        """Take a token if one is free and nobody is queued before us."""
+        if self.borrowed < self._total and not self.waiting:
+            self.borrowed += 1
+            return True
+        return False
+
+    async def acquire(self) -> None:
+        """Wait for a token (FIFO). Cancelled while waiting, it takes none; cancelled just after one was
+        handed over, it gives that one back."""
+        if self.try_acquire():
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release()  # the token arrived as we were cancelled
+            else:
+                fut.cancel()
+            raise
+
+    def release(self) -> None:
+        if self.borrowed <= 0:
+            raise RuntimeError("Limiter.release() without a token")
+        self.borrowed -= 1
+        self._hand_on()
+
+    def _hand_on(self) -> None:
+        while self._waiters and self.borrowed < self._total:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                self.borrowed += 1
+                fut.set_result(None)
+
+    async def __aenter__(self) -> None:
+        await self.acquire()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        self.release()
