@@ -188,7 +188,8 @@ class Autotuner:
         self._held = obs.throughput if not self._held else 0.7 * self._held + 0.3 * obs.throughput
         if obs.now >= self._next_probe and level < top:
             self.phase, self._probe_from = "probe", (level, self._held)
-            self._set(min(top, max(level + 1, math.ceil(level * 1.25))), f"probing above {level}")
+            step = level + 1 if self._gentle else max(level + 1, math.ceil(level * 1.25))
+            self._set(min(top, step), f"probing above {level}")
 
     def _hold(self, obs: Observation, level: int, reason: str, throughput: float | None = None) -> None:
         self.phase, self._ramp_from = "hold", None

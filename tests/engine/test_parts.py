@@ -1,0 +1,141 @@
+"""Large shards read as concurrent ranged parts: the same samples as one stream, retries per part, one
+object version per shard, bounded memory with a slow consumer, and sequential reads where ranges can't be."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import wds_async as wds
+from benchmarks.make_shards import make_shards
+from benchmarks.store import Knobs
+from benchmarks.store_process import StoreProcess
+
+MiB = 1 << 20
+PART = MiB // 2
+RETRY = wds.RetryPolicy(attempts=40, base_delay=0.0, max_delay=0.01)
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[StoreProcess, Path]]:
+    root = tmp_path_factory.mktemp("big")
+    make_shards(root, n_shards=2, shard_bytes=6 * MiB, sample_bytes=40 << 10, seed=11)
+    make_shards(root, n_shards=1, shard_bytes=6 * MiB, sample_bytes=40 << 10, seed=12, gz=True, prefix="gz")
+    with StoreProcess(root, Knobs()) as server:
+        yield server, root
+
+
+def _digest(ds: wds.WebDataset) -> tuple[int, str]:
+    h = hashlib.sha256()
+    n = 0
+    for sample in ds:
+        n += 1
+        for key in sorted(sample):
+            if key != "__url__":
+                value = sample[key]
+                h.update(key.encode() + (value if isinstance(value, bytes) else str(value).encode()))
+    return n, h.hexdigest()
+
+
+def test_parts_deliver_the_same_samples_as_one_stream(big: tuple[StoreProcess, Path]) -> None:
+    store, _ = big
+    urls = store.base_url + "shard-{000000..000001}.tar"
+    whole = _digest(wds.WebDataset(urls, deterministic=True, part_bytes=0))
+    parted = wds.WebDataset(urls, deterministic=True, part_bytes=PART)
+    assert _digest(parted) == whole and whole[0] > 100
+    stats = parted.stats()
+    assert stats["parts"] >= 2 * (6 * MiB // PART - 2)  # helpers fetched most parts
+    assert stats["requests"] >= stats["parts"] + 2
+
+
+def test_a_gzipped_shard_is_split_too_and_inflated_in_order(big: tuple[StoreProcess, Path]) -> None:
+    store, root = big
+    url = store.base_url + "gz-000000.tar.gz"
+    size = (root / "gz-000000.tar.gz").stat().st_size
+    assert size > 4 * PART
+    parted = wds.WebDataset(url, part_bytes=PART, deterministic=True)
+    assert _digest(parted) == _digest(wds.WebDataset(url, part_bytes=0, deterministic=True))
+    assert parted.stats()["parts"] > 0
+
+
+def test_with_one_token_every_part_is_read_in_order_by_the_item_itself(big: tuple[StoreProcess, Path]) -> None:
+    store, _ = big
+    url = store.base_url + "shard-000000.tar"
+    ds = wds.WebDataset(url, part_bytes=PART, max_connections=1, deterministic=True)
+    assert _digest(ds) == _digest(wds.WebDataset(url, part_bytes=0, deterministic=True))
+    assert ds.stats()["parts"] == 0  # no helper ever got a token: no deadlock, no extra request in flight
+
+
+def test_parts_are_retried_one_by_one_at_their_own_offset(big: tuple[StoreProcess, Path]) -> None:
+    store, _ = big
+    urls = store.base_url + "shard-{000000..000001}.tar"
+    clean = _digest(wds.WebDataset(urls, deterministic=True, part_bytes=0))
+    for _ in range(5):  # the store's dice are server-wide: repeat until a part really was cut
+        faulty = wds.WebDataset(urls + "?drop_rate=0.3&fail_rate=0.2", deterministic=True, part_bytes=PART,
+                                retry=RETRY)
+        assert _digest(faulty) == clean
+        if faulty.stats()["retries"]:
+            break
+    assert faulty.stats()["retries"] > 0 and faulty.stats()["parts"] > 0
+
+
+def test_a_shard_replaced_between_parts_fails_clearly(big: tuple[StoreProcess, Path], tmp_path: Path) -> None:
+    store, root = big
+    shutil.copy(root / "shard-000000.tar", tmp_path / "old.tar")
+    shutil.copy(root / "shard-000001.tar", tmp_path / "new.tar")
+    target = root / "victim.tar"
+    shutil.copy(tmp_path / "old.tar", target)
+    # A tiny budget keeps the later parts from opening before the object is replaced.
+    ds = wds.WebDataset(store.base_url + "victim.tar", part_bytes=PART, max_buffered_bytes=PART,
+                        max_connections=4, deterministic=True)
+    it = iter(ds)
+    next(it)
+    os.replace(_newer_copy(tmp_path / "new.tar", tmp_path / "staged.tar"), target)
+    with pytest.raises(wds.ObjectChanged) as info:
+        for _ in it:
+            time.sleep(0.001)
+    assert "victim.tar" in str(info.value) and "version" in str(info.value)
+    target.unlink()
+
+
+def _newer_copy(src: Path, dst: Path) -> Path:
+    shutil.copy(src, dst)
+    later = time.time() + 5
+    os.utime(dst, (later, later))
+    return dst
+
+
+def test_a_slow_consumer_stops_the_parts_within_the_budget(big: tuple[StoreProcess, Path]) -> None:
+    store, _ = big
+    limit = 2 * MiB
+    ds = wds.WebDataset(store.base_url + "shard-{000000..000001}.tar", part_bytes=PART, max_buffered_bytes=limit,
+                        max_connections=8, deterministic=True)
+    n = 0
+    for _ in ds:
+        n += 1
+        if n % 20 == 0:
+            time.sleep(0.02)
+    stats = ds.stats()
+    assert stats["parts"] > 0
+    # the invariant of ByteBudget: the limit plus at most one chunk per request in flight
+    assert stats["peak_buffered_bytes"] <= limit + 8 * MiB
+
+
+def test_pipe_sources_are_never_split(big: tuple[StoreProcess, Path]) -> None:
+    _, root = big
+    ds = wds.WebDataset(f"pipe:cat {root / 'shard-000000.tar'}", part_bytes=PART, deterministic=True)
+    assert _digest(ds)[0] > 100 and ds.stats()["parts"] == 0 and ds.stats()["requests"] == 1
+
+
+def test_local_files_are_split_like_any_store(big: tuple[StoreProcess, Path]) -> None:
+    _, root = big
+    path = str(root / "shard-000000.tar")
+    ds = wds.WebDataset(path, part_bytes=PART, deterministic=True)
+    assert _digest(ds) == _digest(wds.WebDataset(path, part_bytes=0, deterministic=True))
+    assert ds.stats()["parts"] > 0

@@ -1,0 +1,103 @@
+"""The autotuner's decisions, driven by a synthetic store: finds the knee, backs off on 503s, yields to a
+slow consumer, and leaves the concurrency alone when it is not the limit."""
+
+from __future__ import annotations
+
+from wds_async.autotune import Autotuner, Observation
+from wds_async.limiter import Limiter
+from wds_async.stats import Stats
+
+MB = 1e6
+
+
+def _tuner(start: int = 16, cap: int = 256, minimum: int = 2) -> Autotuner:
+    return Autotuner(Limiter(start), Stats(), None, minimum=minimum, cap=cap, probe_every=5.0)
+
+
+def _drive(tuner: Autotuner, store, seconds: float, step: float = 0.5) -> list[tuple[float, int, float, int]]:  # type: ignore[no-untyped-def]
+    """Run the tuner against ``store(level) -> (bytes/s, throttled)`` and return (t, level, rate, throttled)."""
+    trace = []
+    t = 0.0
+    while t < seconds:
+        level = tuner.limiter.total
+        rate, throttled = store(level)
+        trace.append((t, level, rate, throttled))
+        tuner.decide(Observation(now=t, throughput=rate, throttled=throttled, limited=1.0, consumer_bound=0.0,
+                                 in_flight=level))
+        t += step
+    return trace
+
+
+def _per_connection(per: float, total: float):  # type: ignore[no-untyped-def]
+    return lambda level: (min(level * per, total), 0)
+
+
+def test_ramps_to_the_knee_and_holds_near_the_best_rate() -> None:
+    for per, total in ((20 * MB, 250 * MB), (3.3 * MB, 300 * MB), (50 * MB, 60 * MB)):
+        tuner = _tuner()
+        trace = _drive(tuner, _per_connection(per, total), 60)
+        late = [rate for t, _, rate, _ in trace if t >= 10]
+        assert sum(late) / len(late) >= 0.9 * total, (per, total)
+        knee = total / per
+        assert tuner.limiter.total <= max(4 * knee, 16), (per, total, tuner.limiter.total)
+        assert "knee" in tuner.stats.concurrency_reason or "probe" in tuner.stats.concurrency_reason
+
+
+def test_noise_does_not_send_it_to_the_cap() -> None:
+    import random
+
+    rng = random.Random(5)
+    tuner = _tuner()
+    _drive(tuner, lambda level: (min(level * 20 * MB, 250 * MB) * rng.uniform(0.93, 1.07), 0), 120)
+    assert tuner.limiter.total <= 64
+
+
+def test_a_store_that_rejects_above_n_sees_few_rejections_after_the_start() -> None:
+    n = 24
+
+    def store(level: int) -> tuple[float, int]:
+        return min(level, n) * 10 * MB, max(0, level - n)
+
+    tuner = _tuner()
+    trace = _drive(tuner, store, 300)
+    late = [(level, throttled) for t, level, _, throttled in trace if t >= 5]
+    rejected = sum(th for _, th in late)
+    requests = sum(min(level, n) * 0.5 * 10 for level, _ in late)  # 10 requests/s per connection
+    assert rejected / requests < 0.01
+    rates = [rate for t, _, rate, _ in trace if t >= 5]
+    assert sum(rates) / len(rates) >= 0.8 * n * 10 * MB
+    assert any("throttled" in r for r in [tuner.stats.concurrency_reason]) or tuner.limiter.total <= n
+
+
+def test_backs_off_at_once_on_throttling_and_reports_why() -> None:
+    tuner = _tuner(start=40)
+    tuner.decide(Observation(now=0, throughput=100 * MB, throttled=3, limited=1.0, consumer_bound=0.0, in_flight=40))
+    assert tuner.limiter.total == 28
+    assert "3 throttled" in tuner.stats.concurrency_reason and tuner.stats.concurrency == 28
+
+
+def test_a_slow_consumer_shrinks_it_to_the_floor_and_a_fast_one_ramps_again() -> None:
+    tuner = _tuner(start=64, minimum=4)
+    for t in range(20):
+        tuner.decide(Observation(now=t, throughput=5 * MB, throttled=0, limited=0.0, consumer_bound=1.0,
+                                 in_flight=tuner.limiter.total))
+    assert tuner.limiter.total == 4 and "consumer" in tuner.stats.concurrency_reason
+    tuner.decide(Observation(now=30, throughput=5 * MB, throttled=0, limited=1.0, consumer_bound=0.0, in_flight=4))
+    assert tuner.limiter.total == 8 and "ramping" in tuner.stats.concurrency_reason
+
+
+def test_nothing_changes_when_concurrency_is_not_the_limit() -> None:
+    tuner = _tuner(start=16)
+    for t in range(10):
+        tuner.decide(Observation(now=t, throughput=50 * MB, throttled=0, limited=0.1, consumer_bound=0.0,
+                                 in_flight=3))
+    assert tuner.limiter.total == 16 and tuner.stats.concurrency_reason == "start"
+
+
+def test_stays_within_floor_and_cap() -> None:
+    tuner = _tuner(start=8, cap=20, minimum=3)
+    _drive(tuner, _per_connection(1 * MB, 1000 * MB), 30)
+    assert tuner.limiter.total == 20
+    for t in range(100, 110):
+        tuner.decide(Observation(now=t, throughput=1, throttled=50, limited=1.0, consumer_bound=0.0, in_flight=4))
+    assert tuner.limiter.total == 3

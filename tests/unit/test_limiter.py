@@ -1,0 +1,81 @@
+"""The engine's limiter: tokens whose total changes at run time, FIFO, safe under cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+pytestmark = pytest.mark.asyncio
+
+from wds_async.limiter import Limiter
+
+
+async def _settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_tokens_are_handed_out_up_to_the_total_then_in_arrival_order() -> None:
+    limiter = Limiter(2)
+    order: list[int] = []
+
+    async def take(n: int) -> None:
+        await limiter.acquire()
+        order.append(n)
+
+    tasks = [asyncio.create_task(take(n)) for n in range(5)]
+    await _settle()
+    assert order == [0, 1] and limiter.borrowed == 2 and limiter.waiting == 3
+    limiter.release()
+    await _settle()
+    assert order == [0, 1, 2]
+    limiter.total = 4  # raising hands the new tokens to waiters at once
+    await _settle()
+    assert order == [0, 1, 2, 3, 4] and limiter.borrowed == 4 and limiter.waiting == 0
+    await asyncio.gather(*tasks)
+
+
+async def test_lowering_the_total_takes_nothing_back_but_stops_handing_on() -> None:
+    limiter = Limiter(3)
+    for _ in range(3):
+        await limiter.acquire()
+    waiter = asyncio.create_task(limiter.acquire())
+    limiter.total = 1
+    limiter.release()
+    limiter.release()
+    await _settle()
+    assert limiter.borrowed == 1 and not waiter.done()  # still one over the new total's worth
+    limiter.release()
+    await _settle()
+    assert waiter.done() and limiter.borrowed == 1
+    assert not limiter.try_acquire()
+
+
+async def test_cancelled_waiters_take_no_token_and_a_token_handed_as_they_are_cancelled_comes_back() -> None:
+    limiter = Limiter(1)
+    await limiter.acquire()
+    first = asyncio.create_task(limiter.acquire())
+    second = asyncio.create_task(limiter.acquire())
+    await _settle()
+    first.cancel()
+    await _settle()
+    assert first.cancelled() and limiter.waiting == 1
+    limiter.release()  # goes to ``second``
+    second.cancel()    # cancelled after the hand-over, before it ran: the token must come back
+    await _settle()
+    assert second.cancelled() and limiter.borrowed == 0
+    assert limiter.try_acquire()
+
+
+async def test_bad_totals_and_unbalanced_release_are_errors() -> None:
+    with pytest.raises(ValueError):
+        Limiter(0)
+    limiter = Limiter(1)
+    with pytest.raises(ValueError):
+        limiter.total = True  # type: ignore[assignment]
+    with pytest.raises(RuntimeError):
+        limiter.release()
+    async with limiter:
+        assert limiter.borrowed == 1
+    assert limiter.borrowed == 0
