@@ -9,11 +9,15 @@ judged) it compares the bytes per second of that interval with the previous ones
 ``ramp``
     Start: double the concurrency each interval while throughput rises by at least 20% per doubling
     (TCP's slow start, with throughput standing in for acknowledgements). A doubling that gains less
-    than that is the knee: go back to the lower level when it gained under 5%, else keep it, and hold.
+    than that is the knee: keep the higher level unless it measured clearly worse (10% less), and hold.
+    Keeping is the cheaper mistake: one interval's throughput is noisy on a busy host, and a knee
+    placed one doubling too high costs some idle connections, one placed too low costs bandwidth.
 ``hold``
     Stay; every ``probe_every`` seconds try 25% more (at least one more). A probe that gains at least
-    7% is kept and ramping resumes gently; one that does not is undone and the next probe waits twice
-    as long (up to a minute), so a flat store costs one probe a minute.
+    7% is kept and ramping resumes; one that does not is undone, the next probe waits twice as long (up
+    to a minute), and goes *down* by 25% instead: kept when it loses under 5% (the knee is lower than
+    the ramp left it), undone otherwise. So a flat store costs one probe a minute, and the level drifts
+    down to the knee rather than staying where a noisy doubling left it.
 ``throttled``
     Any 429/503 (S3 ``SlowDown``, GCS ``rateLimitExceeded``, Azure ``ServerBusy``) in an interval cuts the
     concurrency to 70% of what was in flight, and the level that drew the rejection becomes a ceiling
@@ -37,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .limiter import Limiter
@@ -46,8 +51,9 @@ from .stats import Stats
 __all__ = ["Autotuner", "Observation"]
 
 RAMP_GAIN = 1.20     # a doubling must gain this much to keep doubling
-KNEE_KEEP = 1.05     # a doubling that gained less than this is undone at the knee
+KNEE_KEEP = 0.90     # a doubling that lost more than this is undone at the knee; else kept (see below)
 PROBE_GAIN = 1.07    # a probe must gain this much to be kept
+TRIM_KEEP = 0.95     # fewer requests are kept when they keep this much of the throughput
 BACKOFF = 0.70       # multiplicative decrease on throttling
 SHRINK = 0.80        # per interval while the consumer is the bottleneck
 CEILING_SECONDS = 60.0
@@ -70,8 +76,10 @@ class Autotuner:
     """Drives ``limiter.total`` from the engine's counters (see the module docstring)."""
 
     def __init__(self, limiter: Limiter, stats: Stats, budget: ByteBudget | None, *, minimum: int, cap: int,
-                 probe_every: float = 5.0) -> None:
+                 probe_every: float = 5.0, has_work: Callable[[], bool] = lambda: True) -> None:
         self.limiter = limiter
+        #: False once the engine has handed out its last item: waiting readers then wait for nothing.
+        self.has_work = has_work
         self.stats = stats
         self.budget = budget
         self.minimum = max(1, min(minimum, cap))
@@ -86,37 +94,54 @@ class Autotuner:
         self._ceiling = cap
         self._ceiling_until = 0.0
         self._gentle = False             # additive growth once the store has throttled
+        self._trim_next = False          # the next probe goes down (the last one up gained nothing)
         self._set(limiter.total, "start")
 
     # -- the loop ------------------------------------------------------------------------------------
     def interval(self) -> float:
-        """Seconds per decision: three times the time to first byte, within [0.25, 2]."""
+        """Seconds per decision: three times the time to first byte, within [0.25, 2]; while ramping,
+        twice, within [0.2, 1], since a doubling that works shows a large gain even over a short time."""
         ttfb = self.stats.ttfb_s
-        return 0.5 if ttfb is None else min(2.0, max(0.25, 3.0 * ttfb))
+        if ttfb is None:
+            return 0.5
+        if self.phase == "ramp":
+            return min(1.0, max(0.2, 2.0 * ttfb))
+        return min(2.0, max(0.25, 3.0 * ttfb))
 
     async def run(self) -> None:
         """Observe and decide until cancelled (the engine cancels it when the data ends)."""
         loop = asyncio.get_running_loop()
+        changed = True
         while True:
             started = loop.time()
-            bytes0, throttled0, wait0 = self.stats.bytes_read, self.stats.throttled, self.stats.wait_seconds
+            level = self.limiter.total
+            throttled0, wait0 = self.stats.throttled, self.stats.wait_seconds
             ticks = limited = full = 0
             length = self.interval()
+            # Right after a change the new requests are still waiting for their first byte: leave that
+            # part of the interval out of the throughput it is judged by.
+            settle = min(length / 2, 1.2 * (self.stats.ttfb_s or 0.0)) if changed else 0.0
+            mark: tuple[float, int] | None = None
             while loop.time() - started < length:
+                if mark is None and loop.time() - started >= settle:
+                    mark = (loop.time(), self.stats.bytes_read)
                 await asyncio.sleep(TICK)
                 ticks += 1
-                if self.limiter.borrowed >= self.limiter.total and self.limiter.waiting:
+                if self.limiter.borrowed >= self.limiter.total and self.limiter.waiting and self.has_work():
                     limited += 1
                 if self.budget is not None and self.budget.used >= 0.75 * self.budget.limit:
                     full += 1
             elapsed = max(loop.time() - started, 1e-6)
             waited = (self.stats.wait_seconds - wait0) / elapsed
+            assert mark is not None
             obs = Observation(
-                now=time.monotonic(), throughput=(self.stats.bytes_read - bytes0) / elapsed,
+                now=time.monotonic(),
+                throughput=(self.stats.bytes_read - mark[1]) / max(loop.time() - mark[0], 1e-6),
                 throttled=self.stats.throttled - throttled0, limited=limited / max(ticks, 1),
                 consumer_bound=(full / max(ticks, 1)) if waited < 0.05 else 0.0,
                 in_flight=self.limiter.borrowed)
             self.decide(obs)
+            changed = self.limiter.total != level
 
     # -- the decision --------------------------------------------------------------------------------
     def _set(self, level: int, reason: str) -> None:
@@ -158,7 +183,8 @@ class Autotuner:
                 if level >= top:
                     self._hold(obs, level, f"at the ceiling {top} ({mbs:.0f} MB/s)")
                     return
-                gained = "" if self._ramp_from is None else f" (+{obs.throughput / self._ramp_from[1] - 1:.0%})"
+                gained = ("" if self._ramp_from is None or not self._ramp_from[1]
+                          else f" (+{obs.throughput / self._ramp_from[1] - 1:.0%})")
                 self._ramp_from = (level, obs.throughput)
                 step = level + 1 if self._gentle else level * 2
                 self._set(min(top, step), f"ramping up: {mbs:.0f} MB/s at {level}{gained}")
@@ -167,6 +193,16 @@ class Autotuner:
             keep = level if obs.throughput >= before_thr * KNEE_KEEP else before
             self._hold(obs, keep, f"knee at {keep}: {mbs:.0f} MB/s at {level} vs {before_thr / 1e6:.0f} at {before}",
                        max(obs.throughput, before_thr))
+            return
+        if self.phase == "trim":
+            assert self._probe_from is not None
+            before, before_thr = self._probe_from
+            self._probe_from = None
+            if obs.throughput >= before_thr * TRIM_KEEP:
+                self._hold(obs, level, f"trimmed to {level}: {mbs:.0f} MB/s, as at {before}")
+            else:
+                self._hold(obs, before, f"back to {before}: {level} gave {mbs:.0f} vs {before_thr / 1e6:.0f} MB/s",
+                           before_thr)
             return
         if self.phase == "probe":
             assert self._probe_from is not None
@@ -181,12 +217,24 @@ class Autotuner:
                     self._set(min(top, level * 2), f"probe gained: ramping from {level} ({mbs:.0f} MB/s)")
                 return
             self._probe_wait = min(60.0, self._probe_wait * 2)
+            self._trim_next = True
             self._hold(obs, before, f"probe to {level} gained nothing ({mbs:.0f} vs {before_thr / 1e6:.0f} MB/s)",
                        before_thr)
             return
         # hold
         self._held = obs.throughput if not self._held else 0.7 * self._held + 0.3 * obs.throughput
-        if obs.now >= self._next_probe and level < top:
+        if obs.now < self._next_probe:
+            return
+        if self._trim_next or level >= top:
+            self._trim_next = False
+            lower = max(self.minimum, math.floor(level * 0.75))
+            if lower < level:
+                self.phase, self._probe_from = "trim", (level, self._held)
+                self._set(lower, f"trying fewer than {level}")
+            else:
+                self._next_probe = obs.now + self._probe_wait
+            return
+        if level < top:
             self.phase, self._probe_from = "probe", (level, self._held)
             step = level + 1 if self._gentle else max(level + 1, math.ceil(level * 1.25))
             self._set(min(top, step), f"probing above {level}")

@@ -71,7 +71,7 @@ class EngineConfig:
 
     max_connections: int | str = "auto"
     min_connections: int = 2
-    start_connections: int = 16
+    start_connections: int = 32
     connection_cap: int = 256
     part_bytes: int = 16 * MiB
     max_buffered_bytes: int = 256 * MiB

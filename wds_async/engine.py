@@ -132,6 +132,7 @@ class Engine:
         self.stats = stats
         self.log_interval = log_interval
         self.limiter = Limiter(1)
+        self._exhausted = False  # every item has been handed to a reader
         self._stopping = False
         self.stats.shards_total = len(urls) if isinstance(urls, Sized) else 0
         self.stats.buffer_limit = self.budget.limit
@@ -145,7 +146,7 @@ class Engine:
         tuner = None
         if config.autotune:
             tuner = Autotuner(self.limiter, self.stats, self.budget, minimum=config.min_connections,
-                              cap=config.connections)
+                              cap=config.connections, has_work=lambda: not self._exhausted)
         else:
             self.stats.concurrency = self.stats.concurrency_cap = config.connections
             self.stats.concurrency_reason = f"fixed: max_connections={config.connections}"
@@ -198,7 +199,10 @@ class Engine:
             await self.limiter.acquire()
             try:
                 item = next(items, None)
-                if item is None or self._stopping or self.channel.abandoned:
+                if item is None:
+                    self._exhausted = True
+                    return
+                if self._stopping or self.channel.abandoned:
                     return
                 await self._read_item(item)
             finally:

@@ -35,12 +35,12 @@ def _per_connection(per: float, total: float):  # type: ignore[no-untyped-def]
 def test_ramps_to_the_knee_and_holds_near_the_best_rate() -> None:
     for per, total in ((20 * MB, 250 * MB), (3.3 * MB, 300 * MB), (50 * MB, 60 * MB)):
         tuner = _tuner()
-        trace = _drive(tuner, _per_connection(per, total), 60)
+        trace = _drive(tuner, _per_connection(per, total), 300)
         late = [rate for t, _, rate, _ in trace if t >= 10]
         assert sum(late) / len(late) >= 0.9 * total, (per, total)
         knee = total / per
         assert tuner.limiter.total <= max(4 * knee, 16), (per, total, tuner.limiter.total)
-        assert "knee" in tuner.stats.concurrency_reason or "probe" in tuner.stats.concurrency_reason
+        assert tuner.limiter.total >= min(knee, 32) * 0.9, (per, total, tuner.limiter.total)
 
 
 def test_noise_does_not_send_it_to_the_cap() -> None:
