@@ -61,7 +61,11 @@ SCENARIOS = {
 def _run(urls: list[str], connections: int | str, epochs: int) -> list[dict[str, Any]]:
     import wds_async as wds
 
-    ds = wds.WebDataset(urls, max_connections=connections, nodesplitter=None, workersplitter=None, shardshuffle=False)
+    # Patient retries for every run: a fixed level above the store's limit must finish (with rejections)
+    # for the sweep to have a value there.
+    retry = wds.RetryPolicy(attempts=1000, base_delay=0.05, max_delay=1.0, deadline=600)
+    ds = wds.WebDataset(urls, max_connections=connections, nodesplitter=None, workersplitter=None, shardshuffle=False,
+                        retry=retry)
     results = []
     for _ in range(epochs):
         timeline: list[tuple[float, int, int]] = []

@@ -20,7 +20,9 @@ judged) it compares the bytes per second of that interval with the previous ones
     down to the knee rather than staying where a noisy doubling left it.
 ``throttled``
     Any 429/503 (S3 ``SlowDown``, GCS ``rateLimitExceeded``, Azure ``ServerBusy``) in an interval cuts the
-    concurrency to 70% of what was in flight, and the level that drew the rejection becomes a ceiling
+    concurrency to the number of requests the store was actually answering at once during it (the best
+    estimate of what it accepts), within [50%, 90%] of what was in flight; the level that drew the
+    rejection becomes a ceiling
     for a minute. After a throttle, growth is additive (one more request per probe), as in TCP's
     congestion avoidance, so a store that rejects above N concurrent requests sees a rejection about
     once a minute rather than one per doubling.
@@ -54,7 +56,7 @@ RAMP_GAIN = 1.20     # a doubling must gain this much to keep doubling
 KNEE_KEEP = 0.90     # a doubling that lost more than this is undone at the knee; else kept (see below)
 PROBE_GAIN = 1.07    # a probe must gain this much to be kept
 TRIM_KEEP = 0.95     # fewer requests are kept when they keep this much of the throughput
-BACKOFF = 0.70       # multiplicative decrease on throttling
+BACKOFF = 0.50       # the deepest cut on throttling (see ``decide``)
 SHRINK = 0.80        # per interval while the consumer is the bottleneck
 CEILING_SECONDS = 60.0
 TICK = 0.05
@@ -70,6 +72,7 @@ class Observation:
     limited: float          # fraction of ticks where concurrency was the limit
     consumer_bound: float   # fraction of ticks with a full buffer and a consumer that did not wait
     in_flight: int          # tokens taken at the end of the interval
+    served: int = 0         # the most requests the store was answering at once during the interval
 
 
 class Autotuner:
@@ -116,7 +119,7 @@ class Autotuner:
             started = loop.time()
             level = self.limiter.total
             throttled0, wait0 = self.stats.throttled, self.stats.wait_seconds
-            ticks = limited = full = 0
+            ticks = limited = full = served = 0
             length = self.interval()
             # Right after a change the new requests are still waiting for their first byte: leave that
             # part of the interval out of the throughput it is judged by.
@@ -127,6 +130,7 @@ class Autotuner:
                     mark = (loop.time(), self.stats.bytes_read)
                 await asyncio.sleep(TICK)
                 ticks += 1
+                served = max(served, self.stats.open_streams)
                 if self.limiter.borrowed >= self.limiter.total and self.limiter.waiting and self.has_work():
                     limited += 1
                 if self.budget is not None and self.budget.used >= 0.75 * self.budget.limit:
@@ -139,7 +143,7 @@ class Autotuner:
                 throughput=(self.stats.bytes_read - mark[1]) / max(loop.time() - mark[0], 1e-6),
                 throttled=self.stats.throttled - throttled0, limited=limited / max(ticks, 1),
                 consumer_bound=(full / max(ticks, 1)) if waited < 0.05 else 0.0,
-                in_flight=self.limiter.borrowed)
+                in_flight=self.limiter.borrowed, served=served)
             self.decide(obs)
             changed = self.limiter.total != level
 
@@ -164,8 +168,11 @@ class Autotuner:
             self._gentle = True
             self.phase, self._ramp_from, self._probe_from = "hold", None, None
             self._held, self._next_probe = 0.0, obs.now + self.probe_every
-            self._set(math.floor(drawn * BACKOFF), f"backed off: {obs.throttled} throttled answers (429/503) "
-                      f"at {drawn} in flight")
+            # What the store did serve at once is the best estimate of what it accepts; never keep more
+            # than 90% of what drew the rejections, nor cut below half of it.
+            target = max(math.floor(drawn * BACKOFF), min(math.floor(drawn * 0.9), obs.served or 0))
+            self._set(target, f"backed off: {obs.throttled} throttled answers (429/503) at {drawn} in flight, "
+                      f"{obs.served} served at once")
             return
         if obs.consumer_bound > 0.5:
             self.phase, self._ramp_from, self._probe_from = "consumer", None, None
@@ -208,7 +215,8 @@ class Autotuner:
             assert self._probe_from is not None
             before, before_thr = self._probe_from
             self._probe_from = None
-            if obs.throughput >= before_thr * PROBE_GAIN:
+            # a step of +1 at 22 can only gain 4.5%: ask for half of what the step could give, at most 7%
+            if obs.throughput >= before_thr * (1 + min(PROBE_GAIN - 1, 0.5 * (level - before) / before)):
                 self._probe_wait = self.probe_every
                 if self._gentle:
                     self._hold(obs, level, f"probe kept: {mbs:.0f} MB/s at {level} vs {before_thr / 1e6:.0f} at {before}")

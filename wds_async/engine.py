@@ -208,6 +208,11 @@ class Engine:
             finally:
                 self.limiter.release()
 
+    async def _requeue(self) -> None:
+        """A throttled request gives its token back and queues for one before it retries."""
+        self.limiter.release()
+        await self.limiter.acquire()
+
     async def _read_item(self, item: WorkItem) -> None:
         """One item from open to close in the channel, errors sent to the handler."""
         token = object()
@@ -299,7 +304,7 @@ class Engine:
             reader = PartedRead(backend, item.url, start=first, end=item.end if ranged else None,
                                 policy=self.config.retry, stats=self.stats, expect=item.expect, limiter=self.limiter,
                                 budget=self.budget, channel=self.channel, owner=token,
-                                part_bytes=self.config.part_bytes, group=group)
+                                part_bytes=self.config.part_bytes, group=group, requeue=self._requeue)
             try:
                 await self._parse_item(item, token, reader, ranged)
             except BaseException as exc:  # noqa: BLE001 - re-raised below, outside the group

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,7 +72,8 @@ class PartedRead:
 
     def __init__(self, backend: Any, url: str, *, start: int, end: int | None, policy: RetryPolicy,
                  stats: Stats, expect: ObjectIdentity | None, limiter: Limiter, budget: ByteBudget,
-                 channel: SampleChannel, owner: object, part_bytes: int, group: Any) -> None:
+                 channel: SampleChannel, owner: object, part_bytes: int, group: Any,
+                 requeue: Callable[[], Awaitable[None]] | None = None) -> None:
         self.backend = backend
         self.url = url
         self.start, self.end = start, end
@@ -80,7 +81,9 @@ class PartedRead:
         self.limiter, self.budget, self.channel, self.owner = limiter, budget, channel, owner
         self.part_bytes = part_bytes
         self.group = group
-        self.first = RangeReader(backend, url, start=start, end=end, policy=policy, stats=stats, expect=expect)
+        self.requeue = requeue
+        self.first = RangeReader(backend, url, start=start, end=end, policy=policy, stats=stats, expect=expect,
+                                 requeue=requeue)
         self.shown = self.first.shown
         self._parts: list[_Part] = []
         self._current = -1            # index of the part being parsed (-1: the first request)
@@ -159,7 +162,8 @@ class PartedRead:
     # -- the helpers -------------------------------------------------------------------------------
     def _reader(self, part: _Part) -> RangeReader:
         return RangeReader(self.backend, self.url, start=part.start, end=part.end, policy=self.policy,
-                           stats=self.stats, expect=self.expect, what="the first request for this shard")
+                           stats=self.stats, expect=self.expect, what="the first request for this shard",
+                           requeue=self.requeue)
 
     async def _room(self, part: _Part) -> None:
         """Wait until ``part`` may read another chunk: strictly below the budget when it is ahead of the

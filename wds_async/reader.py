@@ -22,7 +22,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 from .backends import ObjectIdentity
@@ -45,7 +45,8 @@ class RangeReader:
 
     def __init__(self, backend: Any, url: str, *, start: int = 0, end: int | None = None,
                  policy: RetryPolicy, stats: Stats | None = None, expect: ObjectIdentity | None = None,
-                 what: str = "the index or checkpoint") -> None:
+                 what: str = "the index or checkpoint",
+                 requeue: Callable[[], Awaitable[None]] | None = None) -> None:
         if start < 0 or (end is not None and end < start):
             raise ValueError(f"bad byte range [{start}, {end}) for {redact_url(url)}")
         self.backend = backend
@@ -58,6 +59,9 @@ class RangeReader:
         self.stats = stats
         self.expect = expect
         self.what = what
+        #: Awaited before retrying a throttled request: the engine gives its concurrency token back and
+        #: waits for one, so a retry never pushes the request count above a limit the autotuner lowered.
+        self.requeue = requeue
         self.identity: ObjectIdentity | None = None
         #: What the first open's stream reported (``ByteStream.info``: e.g. the HTTP status).
         self.info: dict[str, Any] | None = None
@@ -89,14 +93,20 @@ class RangeReader:
                     if self.info is None:
                         self.info = dict(stream.info)
                     first = True
-                    async for chunk in stream:
-                        self.pos += len(chunk)
+                    if self.stats is not None:
+                        self.stats.open_streams += 1
+                    try:
+                        async for chunk in stream:
+                            self.pos += len(chunk)
+                            if self.stats is not None:
+                                if first:
+                                    self.stats.observe_ttfb(time.monotonic() - opened)
+                                    first = False
+                                self.stats.bytes_read += len(chunk)
+                            yield chunk
+                    finally:
                         if self.stats is not None:
-                            if first:
-                                self.stats.observe_ttfb(time.monotonic() - opened)
-                                first = False
-                            self.stats.bytes_read += len(chunk)
-                        yield chunk
+                            self.stats.open_streams -= 1
                 size = self.identity.size if self.identity is not None else None
                 want = self.end if self.end is not None else size
                 if want is not None and self.pos < want and (size is None or self.pos < size):
@@ -120,3 +130,5 @@ class RangeReader:
                 if self.stats is not None:
                     self.stats.retries += 1
                 await asyncio.sleep(delay)
+                if isinstance(exc, Throttled) and self.requeue is not None:
+                    await self.requeue()

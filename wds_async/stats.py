@@ -31,6 +31,7 @@ class Stats:
     throttled: int = 0             # 429/503 answers: the store asked to slow down
     parts: int = 0                 # extra ranged parts fetched beside large shards' in-order reads
     ttfb_s: float | None = None    # time to first byte, a moving average over requests
+    open_streams: int = 0          # requests answered and streaming now (not those waiting or backing off)
     concurrency: int = 0           # requests the engine allows in flight now
     concurrency_cap: int = 0       # the most it may allow (fixed, or the autotuner's ceiling)
     concurrency_reason: str = ""   # why the concurrency last changed

@@ -20,10 +20,10 @@ def _drive(tuner: Autotuner, store, seconds: float, step: float = 0.5) -> list[t
     t = 0.0
     while t < seconds:
         level = tuner.limiter.total
-        rate, throttled = store(level)
+        rate, throttled, *served = store(level)
         trace.append((t, level, rate, throttled))
         tuner.decide(Observation(now=t, throughput=rate, throttled=throttled, limited=1.0, consumer_bound=0.0,
-                                 in_flight=level))
+                                 in_flight=level, served=served[0] if served else level - throttled))
         t += step
     return trace
 
@@ -69,11 +69,19 @@ def test_a_store_that_rejects_above_n_sees_few_rejections_after_the_start() -> N
     assert any("throttled" in r for r in [tuner.stats.concurrency_reason]) or tuner.limiter.total <= n
 
 
-def test_backs_off_at_once_on_throttling_and_reports_why() -> None:
+def test_backs_off_at_once_on_throttling_to_what_the_store_served() -> None:
     tuner = _tuner(start=40)
-    tuner.decide(Observation(now=0, throughput=100 * MB, throttled=3, limited=1.0, consumer_bound=0.0, in_flight=40))
-    assert tuner.limiter.total == 28
-    assert "3 throttled" in tuner.stats.concurrency_reason and tuner.stats.concurrency == 28
+    tuner.decide(Observation(now=0, throughput=100 * MB, throttled=3, limited=1.0, consumer_bound=0.0, in_flight=40,
+                             served=30))
+    assert tuner.limiter.total == 30
+    assert "3 throttled" in tuner.stats.concurrency_reason and tuner.stats.concurrency == 30
+    # never more than 90% of what drew the rejections, never less than half of it
+    tuner.decide(Observation(now=1, throughput=100 * MB, throttled=3, limited=1.0, consumer_bound=0.0, in_flight=30,
+                             served=30))
+    assert tuner.limiter.total == 27
+    tuner.decide(Observation(now=2, throughput=100 * MB, throttled=3, limited=1.0, consumer_bound=0.0, in_flight=27,
+                             served=0))
+    assert tuner.limiter.total == 13
 
 
 def test_a_slow_consumer_shrinks_it_to_the_floor_and_a_fast_one_ramps_again() -> None:
