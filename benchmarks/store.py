@@ -3,16 +3,26 @@
 It stands in for S3/GCS/Azure in tests and benchmarks, with faults and slowness injected by knobs::
 
     python -m benchmarks.store --root DIR --port 0 --bw 20e6 --ttfb 0.05 --port-file PORT
+    python -m benchmarks.store --root DIR --https --cert-dir CERTS   # TLS; clients trust CERTS/ca.pem
 
     with StoreProcess(root, knobs=Knobs(fail_rate=0.1)) as store:
         store.url("shard-000000.tar", ttfb=0.05, bw=20e6)   # per-request overrides in the query
 
 Server knobs (`Knobs`, CLI flags, and query parameters of the same names): ``ttfb``, ``bw``,
-``total_bw`` (server-wide only), ``fail_rate``, ``drop_rate``, ``ignore_range``, ``seed``.
+``total_bw`` (server-wide only), ``fail_rate``, ``drop_rate``, ``ignore_range``, ``seed``, and
+``max_concurrent``: an object request that arrives while that many requests are being served (from
+arrival until the last byte is written) is answered at once with S3's ``503 SlowDown`` and
+``Retry-After: 1``, counted as ``throttled``. In a query it is the limit that one request is judged by.
 Per-request only: ``status`` (force a status), ``stall`` (pause after half the body; with
 ``stall_rate`` only that fraction of requests stalls), ``html``
 (answer 200 with an HTML error page). An unknown query parameter is a 400, so a typo never passes
-silently. ``GET /?list`` or ``/?prefix=P`` lists names as JSON; ``GET /_stats`` returns counters.
+silently. ``GET /?list`` or ``/?prefix=P`` lists names as JSON; ``GET /_stats`` returns counters
+(``requests``, ``throttled``, ``active``, ``peak_active``, ...) at any moment, uncounted and never throttled.
+
+``--https`` serves TLS with a certificate for 127.0.0.1 and localhost, issued at start by a throwaway
+CA (trustme); the CA's PEM is written to ``--cert-dir``/ca.pem. ``SSL_CERT_FILE=<that file>`` in the
+environment a client starts with makes aiohttp (so wds-async) and curl trust it; boto3 reads
+``AWS_CA_BUNDLE`` instead.
 
 Files are memory-mapped once and served as memoryview slices; a file rewritten in place while
 mapped is undefined (write a new file and rename it over the old one, as ``make_shards`` does).
@@ -31,7 +41,9 @@ import mmap
 import os
 import random
 import signal
+import ssl
 import stat
+import tempfile
 import sys
 from collections import Counter
 from pathlib import Path
@@ -39,7 +51,7 @@ from typing import Any
 
 from aiohttp import web
 
-__all__ = ["Knobs", "check_host", "main", "start_store"]
+__all__ = ["CA_FILE", "Knobs", "check_host", "main", "server_tls", "start_store"]
 
 _REPO_ROOT = str(Path(__file__).resolve().parent.parent)
 _LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
@@ -50,6 +62,10 @@ _LISTING = frozenset({"list", "prefix"})
 _TRUE = frozenset({"", "1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 _TYPES = {".tar": "application/x-tar", ".gz": "application/gzip", ".json": "application/json"}
+_INT_PARAMS = frozenset({"seed", "status", "max_concurrent"})
+_SLOW_DOWN = ('<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+              "<Message>Please reduce your request rate.</Message></Error>")
+CA_FILE = "ca.pem"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +79,7 @@ class Knobs:
     drop_rate: float = 0.0  # probability that the body is cut short and the connection closed
     ignore_range: bool = False  # answer 200 with the whole object even when Range is sent
     seed: int | None = None  # RNG seed for the fault decisions; None = random per server
+    max_concurrent: int = 0  # requests served at once before "503 SlowDown" answers, 0 = no limit
 
     def __post_init__(self) -> None:
         for name in ("ttfb", "bw", "total_bw", "fail_rate", "drop_rate"):
@@ -74,6 +91,9 @@ class Knobs:
                 raise ValueError(f"{name} is a probability, got {getattr(self, name)!r}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise ValueError(f"seed must be an int or None, got {self.seed!r}")
+        limit = self.max_concurrent
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+            raise ValueError(f"max_concurrent must be an int >= 0, got {limit!r}")
 
     def to_args(self) -> list[str]:
         """The CLI flags that reproduce these knobs (defaults are left out)."""
@@ -144,6 +164,7 @@ class _Store:
         self.objects: dict[str, _Object] = {}
         self.status = Counter[int]()
         self.requests = self.bytes_sent = self.dropped = self.failed = self.active = 0
+        self.throttled = self.peak_active = 0
 
     def stats(self) -> dict[str, Any]:
         """Counters since start; requests for ``/_stats`` itself are not counted."""
@@ -153,7 +174,9 @@ class _Store:
             "status": {str(code): n for code, n in sorted(self.status.items())},
             "dropped": self.dropped,
             "failed": self.failed,
+            "throttled": self.throttled,
             "active": self.active,
+            "peak_active": self.peak_active,
         }
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
@@ -175,6 +198,15 @@ class _Store:
             plan = self._plan(request.query)
         except ValueError as exc:
             return _text(400, f"bad query: {exc}\n")
+        listing = request.path == "/" and not _LISTING.isdisjoint(request.query)
+        if not listing:
+            # No await since handle() counted this request, so ``active`` includes it and no other
+            # request has seen it; a refused one leaves before anything else runs.
+            if plan.knobs.max_concurrent and self.active > plan.knobs.max_concurrent:
+                self.throttled += 1
+                return web.Response(status=503, reason="Slow Down", text=_SLOW_DOWN,
+                                    content_type="application/xml", headers={"Retry-After": "1"})
+            self.peak_active = max(self.peak_active, self.active)
         if plan.knobs.ttfb:
             await asyncio.sleep(plan.knobs.ttfb)
         if plan.status:
@@ -187,7 +219,7 @@ class _Store:
             body = "<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
             return web.Response(status=503, reason="Slow Down", text=body,
                                 content_type="application/xml", headers={"Retry-After": "0"})
-        if request.path == "/" and not _LISTING.isdisjoint(request.query):
+        if listing:
             return web.json_response(self._list(request.query.get("prefix", "")))
         obj = self._lookup(request.path)
         if obj is None:
@@ -206,7 +238,7 @@ class _Store:
                 raise ValueError("total_bw is shared by the whole server; set it at startup")
             if key in ("ignore_range", "html"):
                 parsed: Any = _parse_bool(key, value)
-            elif key in ("seed", "status"):
+            elif key in _INT_PARAMS:
                 parsed = int(value)
             elif key in _PER_REQUEST or key in _KNOB_NAMES:
                 parsed = float(value)
@@ -276,11 +308,13 @@ class _Store:
         if request.method == "GET" and end > start and plan.knobs.drop_rate:
             if plan.rng.random() < plan.knobs.drop_rate:
                 cut = start + plan.rng.randrange(end - start)
-        await resp.prepare(request)
-        if request.method == "HEAD" or end == start:
-            return resp
         stall_at = start + (end - start) // 2 if plan.stall else -1
         try:
+            # A client that gave up during the time to first byte (a benchmark ending its window) is
+            # gone by the time the headers are written: prepare() raises like a write.
+            await resp.prepare(request)
+            if request.method == "HEAD" or end == start:
+                return resp
             await self._send(resp, obj.view, start, cut if cut is not None else end, plan, stall_at)
         except ConnectionError:
             return resp  # the client went away; aiohttp finishes quietly
@@ -374,9 +408,31 @@ def _map(path: str, st: os.stat_result) -> _Object:
     return _Object(st.st_size, st.st_mtime_ns, view, etag, email.utils.formatdate(st.st_mtime, usegmt=True))
 
 
+def server_tls(cert_dir: str | os.PathLike[str], host: str = "127.0.0.1") -> ssl.SSLContext:
+    """A server TLS context for ``host``, 127.0.0.1 and localhost, signed by a new throwaway CA whose
+    certificate is written to ``cert_dir``/ca.pem (the file clients are told to trust)."""
+    try:
+        import trustme
+    except ImportError:
+        raise ValueError("--https needs the trustme package: pip install trustme (it is in the dev extra)") from None
+    ca = trustme.CA(organization_name="wds-async emulated store")
+    names = dict.fromkeys([check_host(host), "127.0.0.1", "localhost"])
+    leaf = ca.issue_cert(*names)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    leaf.configure_cert(context)
+    path = os.path.join(cert_dir, CA_FILE)
+    ca.cert_pem.write_to_path(path + ".tmp")
+    os.replace(path + ".tmp", path)
+    return context
+
+
 async def start_store(root: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 0,
-                      knobs: Knobs = Knobs(), *, verbose: bool = False) -> tuple[web.BaseRunner, int]:
-    """Start serving ``root`` on the running loop; return the runner (``await runner.cleanup()``) and port."""
+                      knobs: Knobs = Knobs(), *, verbose: bool = False,
+                      ssl_context: ssl.SSLContext | None = None) -> tuple[web.BaseRunner, int]:
+    """Start serving ``root`` on the running loop; return the runner (``await runner.cleanup()``) and port.
+
+    With ``ssl_context`` (see :func:`server_tls`) it serves https.
+    """
     host = check_host(host)
     real_root = Path(os.path.realpath(root))
     if not real_root.is_dir():
@@ -388,15 +444,16 @@ async def start_store(root: str | os.PathLike[str], host: str = "127.0.0.1", por
     runner = web.ServerRunner(server, shutdown_timeout=0.5)
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port).start()
+        await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
     except BaseException:
         await runner.cleanup()
         raise
     return runner, runner.addresses[0][1]
 
 
-async def _run_server(args: argparse.Namespace, knobs: Knobs) -> None:
-    runner, port = await start_store(args.root, args.host, args.port, knobs, verbose=args.verbose)
+async def _run_server(args: argparse.Namespace, knobs: Knobs, context: ssl.SSLContext | None) -> None:
+    runner, port = await start_store(args.root, args.host, args.port, knobs, verbose=args.verbose,
+                                     ssl_context=context)
     try:
         if args.port_file:
             tmp = args.port_file + ".tmp"
@@ -436,6 +493,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--drop-rate", "--drop_rate", type=float, default=0.0, help="P(body cut short)")
     p.add_argument("--ignore-range", "--ignore_range", action="store_true", help="answer 200 to Range")
     p.add_argument("--seed", type=int, default=None, help="RNG seed for fault decisions")
+    p.add_argument("--max-concurrent", "--max_concurrent", type=int, default=0,
+                   help="answer 503 SlowDown to requests beyond this many in service (0 = no limit)")
+    p.add_argument("--https", action="store_true", help="serve TLS with a certificate from a throwaway CA")
+    p.add_argument("--cert-dir", help="with --https: write the CA certificate here as ca.pem (default: a "
+                   "temporary folder, named on stderr and removed on exit)")
     return p
 
 
@@ -445,13 +507,23 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
     try:
         knobs = Knobs(args.ttfb, args.bw, args.total_bw, args.fail_rate, args.drop_rate,
-                      args.ignore_range, args.seed)
-        try:
-            import uvloop
-        except ImportError:
-            asyncio.run(_run_server(args, knobs))
-        else:
-            uvloop.run(_run_server(args, knobs))
+                      args.ignore_range, args.seed, args.max_concurrent)
+        with tempfile.TemporaryDirectory(prefix="wds-store-ca-") as scratch:
+            context = None
+            if args.https:
+                cert_dir = args.cert_dir or scratch
+                context = server_tls(cert_dir, args.host)
+                if not args.cert_dir:
+                    ca_file = os.path.join(cert_dir, CA_FILE)
+                    print(f"store: CA certificate {ca_file} (clients: SSL_CERT_FILE={ca_file})", file=sys.stderr)
+            elif args.cert_dir:
+                raise ValueError("--cert-dir needs --https")
+            try:
+                import uvloop
+            except ImportError:
+                asyncio.run(_run_server(args, knobs, context))
+            else:
+                uvloop.run(_run_server(args, knobs, context))
     except (ValueError, OSError) as exc:
         print(f"store: error: {exc}", file=sys.stderr)
         return 2

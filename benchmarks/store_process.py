@@ -2,6 +2,9 @@
 
     with StoreProcess(root, Knobs(ttfb=0.05)) as store:
         store.url("shard-000000.tar", bw=20e6)   # per-request knobs as query parameters
+
+    with StoreProcess(root, https=True) as store:     # https://127.0.0.1:PORT/, a throwaway CA
+        env = {**os.environ, "SSL_CERT_FILE": store.ca_file}   # for a client process started now
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -18,7 +22,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from benchmarks.store import Knobs, check_host
+from benchmarks.store import CA_FILE, Knobs, check_host
 
 __all__ = ["StoreProcess"]
 
@@ -30,12 +34,16 @@ class StoreProcess:
 
     The child is started with ``sys.executable -m benchmarks.store`` from the repository root and is
     terminated (then killed after 3 s) on exit; it also exits by itself if this process dies.
+
+    With ``https=True`` it serves TLS; ``ca_file`` is then the PEM of the CA that signed the server's
+    certificate (for 127.0.0.1 and localhost), valid until the store is closed.
     """
 
     def __init__(self, root: str | os.PathLike[str], knobs: Knobs = Knobs(), *, host: str = "127.0.0.1",
-                 verbose: bool = False, startup_timeout: float = 20.0) -> None:
+                 verbose: bool = False, startup_timeout: float = 20.0, https: bool = False) -> None:
         self.root = Path(root)
         self.knobs = knobs
+        self.https = https
         self.host = check_host(host)
         self.verbose = verbose
         self.startup_timeout = startup_timeout
@@ -70,6 +78,8 @@ class StoreProcess:
                "--port", "0", "--port-file", port_file, "--exit-with-parent", *self.knobs.to_args()]
         if self.verbose:
             cmd.append("--verbose")
+        if self.https:
+            cmd += ["--https", "--cert-dir", self._tmp]
         try:
             with open(os.path.join(self._tmp, "stderr"), "wb") as err:
                 self._proc = subprocess.Popen(cmd, cwd=_REPO_ROOT, env=env, stdin=subprocess.DEVNULL,
@@ -122,7 +132,16 @@ class StoreProcess:
     def base_url(self) -> str:
         if self.port is None:
             raise RuntimeError("StoreProcess is not running")
-        return f"http://{self.host}:{self.port}/"
+        return f"{'https' if self.https else 'http'}://{self.host}:{self.port}/"
+
+    @property
+    def ca_file(self) -> str:
+        """The CA certificate (PEM) that clients of an https store must trust."""
+        if not self.https:
+            raise RuntimeError("the store serves plain http: StoreProcess(..., https=True) for TLS")
+        if self._tmp is None or self.port is None:
+            raise RuntimeError("StoreProcess is not running")
+        return os.path.join(self._tmp, CA_FILE)
 
     def url(self, name: str = "", **query: object) -> str:
         """The URL of ``name``; keyword arguments become per-request knobs, e.g. ``ttfb=0.05``."""
@@ -133,7 +152,8 @@ class StoreProcess:
 
     def stats(self) -> dict[str, Any]:
         """The server's counters (``GET /_stats``), fetched synchronously."""
-        with urllib.request.urlopen(self.url("_stats"), timeout=10) as resp:
+        context = ssl.create_default_context(cafile=self.ca_file) if self.https else None
+        with urllib.request.urlopen(self.url("_stats"), timeout=10, context=context) as resp:
             return json.loads(resp.read())  # type: ignore[no-any-return]
 
 

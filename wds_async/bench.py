@@ -12,6 +12,11 @@ Each phase runs in a fresh subprocess so that its CPU time and peak memory are i
 Reported per phase: MB/s (10**6 bytes of shard data per second), samples/s, the ratio to raw, CPU
 seconds per GB (user+system of the phase's process), and peak RSS above the process's post-import
 baseline. Nothing here is a pass/fail assertion: the figures go to the README and issue notes.
+
+On a terminal (or with ``--progress``) a one-line status shows the running phase, its elapsed time and
+its MB/s so far: the phase rewrites "bytes samples seconds" (since its timed region began) in a small
+file at most every 0.25 s, which the parent reads as it waits (a file, so that a slow reader can never
+block the phase being measured).
 """
 
 from __future__ import annotations
@@ -22,11 +27,59 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["main", "run_bench"]
+
+#: ``status(phase, elapsed_s, mb_s_so_far, samples_so_far)``; either figure may be None (unknown yet).
+Status = Callable[[str, float, "float | None", "int | None"], None]
+
+_REPORT_EVERY = 0.25  # seconds between a phase's progress writes and the parent's reads
+
+
+class _Reporter:
+    """A phase's side of the status line: rewrites "bytes samples seconds" in ``path`` when ``due()``."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self._next = 0.0
+        self._t0 = time.perf_counter()
+
+    def start(self) -> None:
+        """The timed region begins (imports and setup before it are not the phase's rate)."""
+        self._t0 = time.perf_counter()
+
+    def due(self) -> bool:
+        if self.path is None:
+            return False
+        now = time.monotonic()
+        if now < self._next:
+            return False
+        self._next = now + _REPORT_EVERY
+        return True
+
+    def write(self, nbytes: int | None, samples: int | None) -> None:
+        if self.path is None:
+            return
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as fh:
+            fh.write(f"{-1 if nbytes is None else nbytes} {-1 if samples is None else samples} "
+                     f"{time.perf_counter() - self._t0}\n")
+        os.replace(tmp, self.path)  # the parent never reads half a line
+
+
+def _read_progress(path: str) -> tuple[float | None, int | None]:
+    """(MB/s, samples) so far from a phase's progress file; None for what is not known yet."""
+    try:
+        with open(path) as fh:
+            nbytes, samples, seconds = fh.read().split()
+        rate = int(nbytes) / 1e6 / max(float(seconds), 1e-9) if int(nbytes) >= 0 else None
+        return rate, (int(samples) if int(samples) >= 0 else None)
+    except (OSError, ValueError):
+        return None, None
 
 
 def _rss() -> int:
@@ -43,37 +96,35 @@ def _finish(result: dict[str, Any], started: float, cpu0: float, baseline: int) 
     return result
 
 
-def _phase_raw(urls: list[str], connections: int) -> dict[str, Any]:
+def _phase_raw(urls: list[str], connections: int, reporter: _Reporter) -> dict[str, Any]:
     from ._compat import TaskGroup
+    from ._rawread import drain, raw_backends
     from .bridge import new_event_loop
-    from .config import EngineConfig
-    from .engine import BackendSet
 
     baseline = _rss()
-    config = EngineConfig(max_connections=connections)
     total = 0
 
-    async def download_all() -> None:
+    def count(n: int) -> None:
         nonlocal total
-        backends = BackendSet(config)
+        total += n
+        if reporter.due():
+            reporter.write(total, None)
+
+    async def download_all() -> None:
         shards = iter(urls)
+        async with raw_backends(connections) as backends:
 
-        async def worker() -> None:
-            nonlocal total
-            for url in shards:
-                async with backends.for_url(url).open(url) as stream:
-                    async for chunk in stream:
-                        total += len(chunk)
+            async def worker() -> None:
+                for url in shards:
+                    await drain(backends, url, on_chunk=count)
 
-        try:
             async with TaskGroup() as group:
                 for _ in range(min(connections, len(urls))):
                     group.create_task(worker())
-        finally:
-            await backends.aclose()
 
     loop = new_event_loop()
     started, cpu0 = time.perf_counter(), time.process_time()
+    reporter.start()
     try:
         loop.run_until_complete(download_all())
     finally:
@@ -81,72 +132,99 @@ def _phase_raw(urls: list[str], connections: int) -> dict[str, Any]:
     return _finish({"bytes": total, "samples": None}, started, cpu0, baseline)
 
 
-def _consume(ds: Any) -> tuple[dict[str, Any], float, float]:
+def _consume(ds: Any, reporter: _Reporter, nbytes: Callable[[], int | None]) -> tuple[dict[str, Any], float, float]:
     """Iterate ``ds`` to the end; count samples and distinct ``(url, key)`` pairs."""
     seen: set[tuple[str, str]] = set()
     samples = 0
     started, cpu0 = time.perf_counter(), time.process_time()
+    reporter.start()
     for sample in ds:
         samples += 1
         seen.add((sample["__url__"], sample["__key__"]))
+        if samples % 64 == 0 and reporter.due():  # the clock is read once per 64 samples
+            reporter.write(nbytes(), samples)
     return {"samples": samples, "unique": len(seen)}, started, cpu0
 
 
-def _phase_loader(urls: list[str], connections: int, max_buffered_bytes: int | None) -> dict[str, Any]:
+def _phase_loader(urls: list[str], connections: int, max_buffered_bytes: int | None,
+                  reporter: _Reporter) -> dict[str, Any]:
     from .dataset import WebDataset
 
     baseline = _rss()
     ds = WebDataset(urls, max_connections=connections, max_buffered_bytes=max_buffered_bytes,
                     nodesplitter=None, workersplitter=None)
-    result, started, cpu0 = _consume(ds)
+    result, started, cpu0 = _consume(ds, reporter, lambda: int(ds.stats()["bytes_read"]))
     stats = ds.stats()
     result.update(bytes=stats["bytes_read"], peak_buffered=stats["peak_buffered_bytes"], wait_s=stats["wait_s"],
                   limit=ds.config.max_buffered_bytes, retries=stats["retries"])
     return _finish(result, started, cpu0, baseline)
 
 
-def _phase_webdataset(urls: list[str]) -> dict[str, Any]:
+def _phase_webdataset(urls: list[str], reporter: _Reporter) -> dict[str, Any]:
     import warnings
 
     warnings.simplefilter("ignore")
     import webdataset
 
     baseline = _rss()
-    result, started, cpu0 = _consume(webdataset.WebDataset(urls, shardshuffle=False))
+    result, started, cpu0 = _consume(webdataset.WebDataset(urls, shardshuffle=False), reporter, lambda: None)
     result["bytes"] = None
     return _finish(result, started, cpu0, baseline)
 
 
 def _run_phase(phase: str, urls: list[str], connections: int, max_buffered_bytes: int | None,
-               timeout: float) -> dict[str, Any]:
+               timeout: float, name: str, status: Status | None = None) -> dict[str, Any]:
+    """Run one phase in a fresh interpreter; while it runs, feed ``status`` every 0.25 s."""
     cmd = [sys.executable, "-m", "wds_async.bench", "--phase", phase, "--connections", str(connections)]
     if max_buffered_bytes:
         cmd += ["--max-buffered-bytes", str(max_buffered_bytes)]
-    proc = subprocess.run(cmd + ["--", *urls], capture_output=True, text=True, timeout=timeout)
+    with tempfile.TemporaryDirectory(prefix="wds-bench-") as scratch:
+        progress_file = os.path.join(scratch, "progress")
+        if status is not None:
+            cmd += ["--progress-file", progress_file]
+        started = time.monotonic()
+        with subprocess.Popen(cmd + ["--", *urls], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) as proc:
+            while True:
+                left = started + timeout - time.monotonic()
+                try:
+                    out, err = proc.communicate(timeout=max(0.0, min(left, _REPORT_EVERY) if status else left))
+                    break
+                except subprocess.TimeoutExpired:
+                    if time.monotonic() - started >= timeout:
+                        proc.kill()
+                        proc.communicate()
+                        raise
+                    if status is not None:
+                        status(name, time.monotonic() - started, *_read_progress(progress_file))
     if proc.returncode != 0:
-        raise RuntimeError(f"bench phase {phase!r} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+        raise RuntimeError(f"bench phase {phase!r} failed (exit {proc.returncode}):\n{err[-3000:]}")
+    return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
 def run_bench(urls: list[str], *, connections: int = 16, vs_webdataset: bool = False,
               max_buffered_bytes: int | None = None, faults: str | None = None,
-              timeout: float = 1800) -> list[dict[str, Any]]:
+              timeout: float = 1800, status: Status | None = None) -> list[dict[str, Any]]:
     """Run the phases and return one row per phase, with derived rates and ratios.
 
     ``faults`` is a query string appended to every URL for an extra loader phase (the emulated store
     reads fault knobs from the query, e.g. ``drop_rate=0.05&fail_rate=0.05``); its row reports the
-    throughput as a ratio to the clean loader run (``vs_clean``).
+    throughput as a ratio to the clean loader run (``vs_clean``). ``status``, when given, is called
+    about every 0.25 s while a phase runs, with its name, elapsed seconds and progress so far.
     """
     rows: list[dict[str, Any]] = []
-    raw = _run_phase("raw", urls, connections, None, timeout)
-    raw["name"] = f"raw download ({connections} conns)"
+    name = f"raw download ({connections} conns)"
+    raw = _run_phase("raw", urls, connections, None, timeout, name, status)
+    raw["name"] = name
     rows.append(raw)
-    loader = _run_phase("loader", urls, connections, max_buffered_bytes, timeout)
-    loader["name"] = f"wds-async ({connections} conns)"
+    name = f"wds-async ({connections} conns)"
+    loader = _run_phase("loader", urls, connections, max_buffered_bytes, timeout, name, status)
+    loader["name"] = name
     rows.append(loader)
     if faults:
         faulty_urls = [u + ("&" if "?" in u else "?") + faults for u in urls]
-        faulty = _run_phase("loader", faulty_urls, connections, max_buffered_bytes, timeout)
+        faulty = _run_phase("loader", faulty_urls, connections, max_buffered_bytes, timeout,
+                            "wds-async under faults", status)
         faulty["name"] = "wds-async under faults"
         faulty["faults"] = faults
         rows.append(faulty)
@@ -156,7 +234,7 @@ def run_bench(urls: list[str], *, connections: int = 16, vs_webdataset: bool = F
         except ImportError:
             print("webdataset is not installed: pip install webdataset (skipping --vs-webdataset)", file=sys.stderr)
         else:
-            wds_row = _run_phase("webdataset", urls, connections, None, timeout)
+            wds_row = _run_phase("webdataset", urls, connections, None, timeout, "webdataset 1 process", status)
             wds_row["name"] = "webdataset 1 process"
             wds_row["bytes"] = raw["bytes"]  # the same shards: their bytes
             rows.append(wds_row)
@@ -208,15 +286,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--faults", metavar="QUERY", help="extra loader run with this query appended to every URL "
                         "(emulated store knobs, e.g. 'drop_rate=0.05&fail_rate=0.05')")
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    parser.add_argument("--progress", action="store_true", help="show the live status line even when stderr "
+                        "is not a terminal")
 
 
 def command(args: argparse.Namespace) -> int:
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from ._console import progress_console
     from .urls import expand_urls
 
     urls = expand_urls(args.urls)
     print(f"bench: {len(urls)} shards, {args.connections} connections", flush=True)
-    rows = run_bench(urls, connections=args.connections, vs_webdataset=args.vs_webdataset,
-                     max_buffered_bytes=args.max_buffered_bytes, faults=args.faults)
+    console, shown = progress_console(args.progress)
+    line = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                    TextColumn("{task.fields[so_far]}"), console=console, transient=True, disable=not shown)
+    task = line.add_task("starting", so_far="")
+    current = ""
+
+    def status(name: str, elapsed: float, mb_s: float | None, samples: int | None) -> None:
+        nonlocal current
+        if name != current:  # a new phase: restart the elapsed clock
+            current = name
+            line.reset(task, description=name, so_far="")
+        so_far = [f"{mb_s:,.1f} MB/s"] if mb_s is not None else []
+        so_far += [f"{samples:,} samples"] if samples is not None else []
+        line.update(task, so_far="  ".join(so_far))
+
+    with line:
+        rows = run_bench(urls, connections=args.connections, vs_webdataset=args.vs_webdataset,
+                         max_buffered_bytes=args.max_buffered_bytes, faults=args.faults,
+                         status=status if shown else None)
     print(format_table(rows))
     if args.json:
         with open(args.json, "w") as fh:
@@ -229,14 +329,16 @@ def _phase_main(argv: Sequence[str]) -> int:
     parser.add_argument("--phase", choices=("raw", "loader", "webdataset"), required=True)
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--max-buffered-bytes", type=int, default=None)
+    parser.add_argument("--progress-file", default=None, help="rewrite 'bytes samples' here while running")
     parser.add_argument("urls", nargs="+")
     args = parser.parse_args(argv)
+    reporter = _Reporter(args.progress_file)
     if args.phase == "raw":
-        result = _phase_raw(args.urls, args.connections)
+        result = _phase_raw(args.urls, args.connections, reporter)
     elif args.phase == "loader":
-        result = _phase_loader(args.urls, args.connections, args.max_buffered_bytes)
+        result = _phase_loader(args.urls, args.connections, args.max_buffered_bytes, reporter)
     else:
-        result = _phase_webdataset(args.urls)
+        result = _phase_webdataset(args.urls, reporter)
     print(json.dumps(result))
     return 0
 

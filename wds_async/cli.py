@@ -1,4 +1,4 @@
-"""The ``wds-async`` command: ``bench``, ``index``, ``ls``, ``verify``."""
+"""The ``wds-async`` command: ``bench``, ``index``, ``ls``, ``tune``, ``verify``."""
 
 from __future__ import annotations
 
@@ -68,9 +68,9 @@ def _cmd_index(args: argparse.Namespace) -> int:
     import os
     import time
 
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from ._console import progress_console
     from .backends.file import local_path
     from .errors import UrlError
     from .indexer import build_index
@@ -83,8 +83,7 @@ def _cmd_index(args: argparse.Namespace) -> int:
     if not os.path.isdir(folder):
         print(f"wds-async: error: cannot write {args.output}: no directory {folder}", file=sys.stderr)
         return 2
-    console = Console(stderr=True, force_terminal=True if args.progress else None)
-    shown = not args.quiet and (args.progress or console.is_terminal)
+    console, shown = progress_console(args.progress, args.quiet)
     bar = Progress(TextColumn("indexing"), BarColumn(), MofNCompleteColumn(), TextColumn("shards"),
                    TextColumn("{task.fields[mb]:,.1f} MB  {task.fields[rate]:,.1f} MB/s"), TimeElapsedColumn(),
                    console=console, transient=True, disable=not shown)
@@ -112,7 +111,7 @@ def _cmd_index(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from . import bench
+    from . import _tune_cli, bench
 
     parser = argparse.ArgumentParser(prog="wds-async", description="Stream WebDataset shards at network speed.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log engine progress")
@@ -136,6 +135,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_index.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is "
                          "not a terminal")
     p_index.set_defaults(func=_cmd_index)
+    p_tune = sub.add_parser("tune", help="sweep concurrency against a store from this node; recommend the node's "
+                            "connections and buffers")
+    _tune_cli.add_arguments(p_tune)
+    p_tune.set_defaults(func=_tune_cli.command)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     from .errors import WdsError

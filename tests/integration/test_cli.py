@@ -40,6 +40,15 @@ def test_bench_prints_the_table(shard_dir: Path) -> None:
                    "wds-async / raw", "wds-async / webdataset"):
         assert needle in out.stdout
     assert "NO (" not in out.stdout
+    assert "\x1b[" not in out.stderr  # stderr is not a terminal: no live status line
+
+
+def test_bench_progress_shows_a_status_line(shard_dir: Path) -> None:
+    out = _run("bench", str(shard_dir / "shard-{000000..000001}.tar"), "-c", "2", "--progress")
+    assert out.returncode == 0, out.stderr
+    # Each phase is a fresh interpreter that takes well over one 0.25 s poll to start and import.
+    assert "raw download (2 conns)" in out.stderr and "wds-async (2 conns)" in out.stderr
+    assert "wds-async / raw" in out.stdout
 
 
 def test_bad_url_is_a_clear_error() -> None:

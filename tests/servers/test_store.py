@@ -591,3 +591,125 @@ def alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE  # pid 1 may not reap it at once
     except psutil.NoSuchProcess:
         return False
+
+
+# -- max_concurrent: S3-style refusals above N requests in service ----------------------------------
+
+
+async def _hold(http: aiohttp.ClientSession, url: str) -> aiohttp.ClientResponse:
+    """A GET whose response has started and then stalls (the body's first bytes are read)."""
+    resp = await http.get(url)
+    await resp.content.readexactly(1000)
+    return resp
+
+
+async def _settle(store: StoreProcess) -> dict[str, object]:
+    """The counters once every request has left the server (a disconnect is noticed asynchronously)."""
+    for _ in range(250):
+        counters = await stats(store)
+        if counters["active"] == 0:
+            return counters
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"requests still active: {counters}")
+
+
+def _is_slow_down(resp: aiohttp.ClientResponse, body: bytes) -> bool:
+    return (resp.status == 503 and resp.headers.get("Retry-After") == "1" and body.startswith(b"<?xml")
+            and b"<Code>SlowDown</Code>" in body and b"Please reduce your request rate." in body)
+
+
+@pytest.mark.asyncio
+async def test_max_concurrent_refuses_requests_beyond_the_limit(root: Path) -> None:
+    with StoreProcess(root, knobs=Knobs(max_concurrent=3)) as store:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+            held = [await _hold(http, store.url(SHARD, stall=60)) for _ in range(3)]
+            try:
+                assert (await stats(store))["active"] == 3
+                refused = [await fetch(store.url(SHARD)), await fetch(store.url("missing.tar")),
+                           await fetch(store.url(SHARD), "HEAD")]
+                listing, names = await fetch(store.url("", list=""))  # listing is not an object request
+            finally:
+                for resp in held:
+                    resp.close()
+        counters = await _settle(store)
+        after, body = await fetch(store.url(SHARD))  # room again
+    assert all(_is_slow_down(resp, body) for resp, body in refused[:2])
+    assert refused[2][0].status == 503 and refused[2][0].headers["Retry-After"] == "1"
+    assert listing.status == 200 and SHARD in json.loads(names)
+    assert (after.status, len(body)) == (200, (root / SHARD).stat().st_size)
+    assert counters["throttled"] == 3 and counters["peak_active"] == 3
+    assert counters["requests"] == 3 + 3 + 1
+    assert counters["status"]["503"] == 3  # type: ignore[index]
+    assert store.stderr == ""
+
+
+@pytest.mark.asyncio
+async def test_max_concurrent_under_overlapping_paced_requests(root: Path, data: bytes) -> None:
+    """16 clients at once against a limit of 4: whatever overlaps, never more than 4 are served."""
+    part = 256 << 10
+    with StoreProcess(root, knobs=Knobs(max_concurrent=4)) as store:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+
+            async def get() -> tuple[aiohttp.ClientResponse, bytes]:
+                async with http.get(store.url(SHARD, bw=1e6), headers={"Range": f"bytes=0-{part - 1}"}) as resp:
+                    return resp, await resp.read()
+
+            answers: list[tuple[aiohttp.ClientResponse, bytes]] = []
+            for _ in range(5):  # overlap is what the test needs, not a timing it asserts: repeat until seen
+                answers += await asyncio.gather(*(get() for _ in range(16)))
+                if any(resp.status == 503 for resp, _ in answers):
+                    break
+        counters = await _settle(store)
+    served = [body for resp, body in answers if resp.status == 206]
+    refused = [(resp, body) for resp, body in answers if resp.status != 206]
+    assert refused and all(_is_slow_down(resp, body) for resp, body in refused)
+    assert all(body == data[:part] for body in served) and len(served) >= 4
+    assert counters["throttled"] == len(refused) and counters["requests"] == len(answers)
+    assert counters["peak_active"] == 4  # type: ignore[operator]
+    assert store.stderr == ""
+
+
+@pytest.mark.asyncio
+async def test_max_concurrent_as_a_query_parameter(store: StoreProcess) -> None:
+    async with aiohttp.ClientSession() as http:
+        held = await _hold(http, store.url(SHARD, stall=60))
+        try:
+            refused, body = await fetch(store.url(SHARD, max_concurrent=1))
+            allowed, _ = await fetch(store.url(SHARD, max_concurrent=2), headers={"Range": "bytes=0-9"})
+        finally:
+            held.close()
+    await _settle(store)
+    assert _is_slow_down(refused, body)
+    assert allowed.status == 206
+    for bad in ("-1", "x", "1.5"):
+        resp, _ = await fetch(store.url(SHARD, max_concurrent=bad))
+        assert resp.status == 400
+
+
+def test_max_concurrent_knob_validates() -> None:
+    for bad in (-1, 1.5, True, "4"):
+        with pytest.raises(ValueError, match="max_concurrent"):
+            Knobs(max_concurrent=bad)  # type: ignore[arg-type]
+    assert Knobs(max_concurrent=4).to_args() == ["--max-concurrent", "4"]
+
+
+# -- https ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_https_store_serves_tls_with_its_own_ca(root: Path, data: bytes) -> None:
+    import ssl
+
+    with StoreProcess(root, https=True) as store:
+        assert store.base_url.startswith("https://127.0.0.1:")
+        with open(store.ca_file) as f:
+            assert f.read().startswith("-----BEGIN CERTIFICATE-----")
+        trusting = ssl.create_default_context(cafile=store.ca_file)
+        resp, body = await fetch(store.url(SHARD), ssl=trusting)
+        with pytest.raises(aiohttp.ClientConnectorCertificateError):
+            await fetch(store.url(SHARD))  # the default trust store does not know the throwaway CA
+        assert store.stats()["status"] == {"200": 1}
+    assert (resp.status, body) == (200, data)
+    assert store.stderr == ""  # a refused handshake is the client's business, not a server traceback
+    with pytest.raises(RuntimeError, match="https=True"):
+        _ = StoreProcess(root).ca_file
