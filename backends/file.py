@@ -57,6 +57,8 @@ class FileBackend:
 
     def __init__(self, *, chunk_bytes: int = 1 << 20, **_: object) -> None:
         self.chunk_bytes = chunk_bytes
+        #: One read in flight per open file, counted in the engine's budget while the file is open.
+        self.buffer_allowance = chunk_bytes
 
     @asynccontextmanager
     async def open(self, url: str, *, start: int = 0, end: int | None = None) -> AsyncIterator[ByteStream]:

@@ -71,6 +71,7 @@ class PipeBackend:
     def __init__(self, *, chunk_bytes: int = 1 << 20, kill_grace: float = 1.0, allow_pipe: bool | None = None,
                  **_: object) -> None:
         self.chunk_bytes = chunk_bytes
+        self.buffer_allowance = chunk_bytes  # one read in flight per command, counted in the byte budget
         self.kill_grace = kill_grace
         self.allow_pipe = allow_pipe
 

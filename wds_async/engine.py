@@ -48,6 +48,10 @@ log = logging.getLogger("wds_async")
 # Python 3.10 has no exception groups; an empty tuple in ``except`` catches nothing.
 _GROUP: Any = getattr(builtins, "BaseExceptionGroup", ())
 
+#: The byte-budget allowance of one open http(s) stream (``HttpBackend.buffer_allowance``): the engine
+#: allows at most as many streams as fit in half the budget.
+STREAM_ALLOWANCE = 640 << 10
+
 #: ``handler(exc) -> bool``: True to skip and continue, False to stop, raise to propagate.
 Handler = Callable[[BaseException], bool]
 
@@ -142,14 +146,20 @@ class Engine:
         """Fetch every shard; errors that escape the handler logic are delivered via the channel."""
         shards = self._items()
         config = self.config
-        self.limiter = Limiter(config.first_connections)
+        # Every open stream counts its transport's buffer allowance in the byte budget (see RangeReader), so
+        # concurrency beyond what half the budget can hold would only make readers wait for room.
+        fits = max(1, self.budget.limit // (2 * STREAM_ALLOWANCE))
+        cap = min(config.connections, fits)
+        self.limiter = Limiter(min(cap, config.first_connections))
         tuner = None
         if config.autotune:
-            tuner = Autotuner(self.limiter, self.stats, self.budget, minimum=config.min_connections,
-                              cap=config.connections, has_work=lambda: not self._exhausted)
+            tuner = Autotuner(self.limiter, self.stats, self.budget, minimum=min(config.min_connections, cap),
+                              cap=cap, has_work=lambda: not self._exhausted)
         else:
-            self.stats.concurrency = self.stats.concurrency_cap = config.connections
-            self.stats.concurrency_reason = f"fixed: max_connections={config.connections}"
+            self.stats.concurrency = self.stats.concurrency_cap = cap
+            self.stats.concurrency_reason = f"fixed: max_connections={config.connections}" + (
+                f", lowered to {cap}: each open stream takes {STREAM_ALLOWANCE >> 10} KiB of max_buffered_bytes="
+                f"{self.budget.limit}" if cap < config.connections else "")
         try:
             async with TaskGroup() as outer:
                 logger = outer.create_task(self._log_periodically()) if self.log_interval else None

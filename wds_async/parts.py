@@ -83,7 +83,7 @@ class PartedRead:
         self.group = group
         self.requeue = requeue
         self.first = RangeReader(backend, url, start=start, end=end, policy=policy, stats=stats, expect=expect,
-                                 requeue=requeue)
+                                 requeue=requeue, budget=budget)
         self.shown = self.first.shown
         self._parts: list[_Part] = []
         self._current = -1            # index of the part being parsed (-1: the first request)
@@ -163,7 +163,7 @@ class PartedRead:
     def _reader(self, part: _Part) -> RangeReader:
         return RangeReader(self.backend, self.url, start=part.start, end=part.end, policy=self.policy,
                            stats=self.stats, expect=self.expect, what="the first request for this shard",
-                           requeue=self.requeue)
+                           requeue=self.requeue, budget=self.budget)
 
     async def _room(self, part: _Part) -> None:
         """Wait until ``part`` may read another chunk: strictly below the budget when it is ahead of the

@@ -41,17 +41,33 @@ class ByteBudget:
             raise ValueError("ByteBudget limit must be >= 1")
         self.limit = limit
         self.used = 0
-        self.peak = 0
+        self.peak = 0            # the most bytes of data held at once (reservations not included)
+        self.reserved = 0        # part of ``used`` that is transport buffer allowances, not data
         self._waiters: list[asyncio.Future[None]] = []
         self._overdraft_holder: object | None = None
 
     def add(self, n: int) -> None:
         """Account ``n`` more bytes held (negative ``n`` releases)."""
         self.used += n
-        if self.used > self.peak:
-            self.peak = self.used
+        if self.used - self.reserved > self.peak:
+            self.peak = self.used - self.reserved
         if n < 0:
             self.wake()
+
+    def reserve(self, n: int) -> None:
+        """Count ``n`` bytes a source may buffer outside our counters (an open stream's allowance):
+        readers wait on them like on data, but they are not reported as buffered data."""
+        self.reserved += n
+        self.add(n)
+
+    def unreserve(self, n: int) -> None:
+        self.reserved -= n
+        self.add(-n)
+
+    @property
+    def data(self) -> int:
+        """Bytes of data held (``used`` less the reservations)."""
+        return self.used - self.reserved
 
     def release(self, n: int) -> None:
         """Bytes left the engine (handed to the consumer or dropped)."""
@@ -100,7 +116,8 @@ class ByteBudget:
                 fut.cancel()
 
     def statistics(self) -> dict[str, int]:
-        return {"used": self.used, "limit": self.limit, "peak": self.peak, "waiting": len(self._waiters)}
+        return {"used": self.used, "reserved": self.reserved, "limit": self.limit, "peak": self.peak,
+                "waiting": len(self._waiters)}
 
 
 @dataclass

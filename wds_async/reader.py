@@ -28,6 +28,7 @@ from typing import Any
 from .backends import ObjectIdentity
 from .config import RetryPolicy
 from .errors import ObjectChanged, Throttled, TransientError
+from .queues import ByteBudget
 from .stats import Stats
 from .urls import redact_url
 
@@ -46,7 +47,7 @@ class RangeReader:
     def __init__(self, backend: Any, url: str, *, start: int = 0, end: int | None = None,
                  policy: RetryPolicy, stats: Stats | None = None, expect: ObjectIdentity | None = None,
                  what: str = "the index or checkpoint",
-                 requeue: Callable[[], Awaitable[None]] | None = None) -> None:
+                 requeue: Callable[[], Awaitable[None]] | None = None, budget: ByteBudget | None = None) -> None:
         if start < 0 or (end is not None and end < start):
             raise ValueError(f"bad byte range [{start}, {end}) for {redact_url(url)}")
         self.backend = backend
@@ -62,6 +63,10 @@ class RangeReader:
         #: Awaited before retrying a throttled request: the engine gives its concurrency token back and
         #: waits for one, so a retry never pushes the request count above a limit the autotuner lowered.
         self.requeue = requeue
+        #: While a stream is open its ``backend.buffer_allowance`` (what the transport may buffer outside
+        #: the engine's counters) is counted here, so the budget bounds real memory at any concurrency.
+        self.budget = budget
+        self.allowance = int(getattr(backend, "buffer_allowance", getattr(backend, "chunk_bytes", 1 << 20)))
         self.identity: ObjectIdentity | None = None
         #: What the first open's stream reported (``ByteStream.info``: e.g. the HTTP status).
         self.info: dict[str, Any] | None = None
@@ -95,6 +100,8 @@ class RangeReader:
                     first = True
                     if self.stats is not None:
                         self.stats.open_streams += 1
+                    if self.budget is not None:
+                        self.budget.reserve(self.allowance)
                     try:
                         async for chunk in stream:
                             self.pos += len(chunk)
@@ -107,6 +114,8 @@ class RangeReader:
                     finally:
                         if self.stats is not None:
                             self.stats.open_streams -= 1
+                        if self.budget is not None:
+                            self.budget.unreserve(self.allowance)
                 size = self.identity.size if self.identity is not None else None
                 want = self.end if self.end is not None else size
                 if want is not None and self.pos < want and (size is None or self.pos < size):

@@ -38,6 +38,7 @@ class Stats:
     wait_seconds: float = 0.0      # consumer time spent blocked on the engine: the starvation signal
     buffered_bytes: int = 0
     buffer_limit: int = 0
+    reserved_bytes: int = 0        # budget held for open streams' transport buffers (not data)
     peak_buffered_bytes: int = 0
     finished: float | None = None
     #: This process's share of the node budgets (``NodeShare.as_dict()``), set by the dataset.
@@ -52,7 +53,8 @@ class Stats:
     def snapshot(self) -> dict[str, Any]:
         """A dict of counters plus derived rates (MB/s uses 10**6 bytes)."""
         if self.budget is not None:
-            self.buffered_bytes = self.budget.used
+            self.buffered_bytes = self.budget.data
+            self.reserved_bytes = self.budget.reserved
             self.peak_buffered_bytes = self.budget.peak
         end = self.finished if self.finished is not None else time.perf_counter()
         elapsed = max(end - self.started, 1e-9)
@@ -65,6 +67,7 @@ class Stats:
             "samples_delivered": self.samples_delivered,
             "buffered_bytes": self.buffered_bytes,
             "buffer_limit": self.buffer_limit,
+            "reserved_bytes": self.reserved_bytes,
             "peak_buffered_bytes": self.peak_buffered_bytes,
             "shards_total": self.shards_total,
             "shards_done": self.shards_done,
