@@ -46,7 +46,7 @@ from azure.storage.blob import BlobSasPermissions, ContainerSasPermissions, gene
 from wds_async.errors import BackendError, PermissionDenied, TransientError, UrlError, WdsError
 from wds_async.urls import redact_url
 
-from .base import ByteStream, glob_prefix, glob_regex, status_error
+from .base import ByteStream, ObjectIdentity, glob_prefix, glob_regex, status_error
 from .http import HttpBackend
 
 __all__ = ["AzureBackend", "parse_connection_string"]
@@ -285,9 +285,11 @@ class AzureBackend(HttpBackend):
         raise type(error)(f"{error.message} ({detail})", url=shown, offset=start)
 
     @asynccontextmanager
-    async def open(self, url: str, *, start: int = 0, end: int | None = None) -> AsyncIterator[ByteStream]:
-        target_url = self.request_url(url)
-        response = await self._send("GET", url, target_url, await self.request_headers(url, start, end), start)
+    async def open(self, url: str, *, start: int = 0, end: int | None = None,
+                   expect: ObjectIdentity | None = None) -> AsyncIterator[ByteStream]:
+        headers = await self.request_headers(url, start, end)
+        target_url = self.conditions(self.request_url(url), headers, expect)
+        response = await self._send("GET", url, target_url, headers, start)
         async with self.streaming(response, redact_url(url), start, end) as stream:
             yield stream
 

@@ -71,7 +71,10 @@ class Backend(Protocol):
     """What the engine needs from a storage scheme."""
 
     def open(self, url: str, *, start: int = 0, end: int | None = None) -> AbstractAsyncContextManager[ByteStream]:
-        """Stream the bytes ``[start, end)`` of ``url`` (``end=None``: to the end)."""
+        """Stream the bytes ``[start, end)`` of ``url`` (``end=None``: to the end).
+
+        A backend whose ``conditional_reads`` attribute is True also takes ``expect=ObjectIdentity``
+        and makes the request conditional on that version (a store that changed answers 412)."""
         ...
 
     async def size(self, url: str) -> int | None:
@@ -116,6 +119,12 @@ def status_error(status: int, url: str, reason: str = "", *, offset: int | None 
                          url=url, offset=offset)
     if status == 408 or 500 <= status < 600:
         return TransientError(f"{text}: the server is failing or throttling; will retry", url=url, offset=offset)
+    if status == 412:
+        from wds_async.errors import ObjectChanged
+
+        return ObjectChanged(f"{text}: the object is no longer the version the first request for it saw "
+                             "(If-Match / ifGenerationMatch failed); refusing to splice two versions",
+                             url=url, offset=offset)
     if status == 416:
         return BackendError(f"{text}: requested range not satisfiable (object shorter than expected?)",
                             url=url, offset=offset)

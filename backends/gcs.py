@@ -41,7 +41,7 @@ import google.auth.transport.requests
 from wds_async.errors import BackendError, NotFound, PermissionDenied, TransientError, UrlError, WdsError
 from wds_async.urls import redact_url
 
-from .base import glob_prefix, glob_regex
+from .base import ObjectIdentity, glob_prefix, glob_regex
 from .http import HttpBackend
 
 __all__ = ["GcsBackend", "parse_gs_url"]
@@ -147,6 +147,12 @@ class GcsBackend(HttpBackend):
         headers = await super().request_headers(url, start, end)
         headers.update(await self._auth_headers(url))
         return headers
+
+    def conditions(self, target: str, headers: dict[str, str], expect: ObjectIdentity | None) -> str:
+        """The JSON API's precondition is the generation: ``ifGenerationMatch`` (412 when it moved on)."""
+        if expect is not None and expect.generation:
+            return f"{target}&ifGenerationMatch={quote(str(expect.generation), safe='')}"
+        return target
 
     def auth_description(self) -> str:
         return f"Google credentials: {self.note or self.credential_source}"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import ssl
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
@@ -54,8 +55,22 @@ def identity_from_headers(headers: Mapping[str, str], status: int) -> ObjectIden
     )
 
 
+#: aiohttp's per-connection read buffer (its own default grew to 256 KiB in 3.14). It pauses the socket
+#: above twice this; a connection's memory outside our counters is then at most that plus one socket
+#: read (256 KiB in asyncio and uvloop), whatever the consumer does.
+READ_BUFSIZE = 64 << 10
+_SOCKET_READ = 256 << 10
+
+
 class HttpBackend:
     """Streams http(s) objects with ranged GETs on a shared aiohttp session."""
+
+    #: Bytes one open response may hold outside the engine's counters, which the engine counts in its
+    #: byte budget while the response is open: aiohttp's buffer (up to twice READ_BUFSIZE plus one socket
+    #: read) and one more socket read for the chunk a reader takes just after its budget check.
+    buffer_allowance = 2 * READ_BUFSIZE + 2 * _SOCKET_READ
+    #: ``open(..., expect=identity)`` makes the request conditional on that version (see ``conditions``).
+    conditional_reads = True
 
     def __init__(
         self,
@@ -65,9 +80,12 @@ class HttpBackend:
         read_timeout: float = 60.0,
         chunk_bytes: int = 1 << 20,
         headers: Mapping[str, str] | None = None,
+        ca_file: str | None = None,
         **_: object,
     ) -> None:
         self.max_connections = max_connections
+        #: A PEM bundle to trust instead of the system's (a private CA, an emulator's self-signed one).
+        self.ca_file = ca_file
         self.chunk_bytes = chunk_bytes
         self.headers = dict(headers or {})
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout)
@@ -75,9 +93,11 @@ class HttpBackend:
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, ttl_dns_cache=300)
+            tls: ssl.SSLContext | bool = ssl.create_default_context(cafile=self.ca_file) if self.ca_file else True
+            connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, ttl_dns_cache=300, ssl=tls)
             self._session = aiohttp.ClientSession(
                 connector=connector, timeout=self._timeout, auto_decompress=False, trust_env=True,
+                read_bufsize=READ_BUFSIZE,
                 headers={"User-Agent": "wds-async", "Accept-Encoding": "identity"},
             )
         return self._session
@@ -120,10 +140,20 @@ class HttpBackend:
             err.message = f"{err.message} [{'; '.join(extra)}]"
         return err
 
+    def conditions(self, target: str, headers: dict[str, str], expect: ObjectIdentity | None) -> str:
+        """Make a request conditional on the object version ``expect`` (``If-Match`` on its ETag, which S3,
+        Azure and most http servers honour) and return the target URL; a store that has changed answers
+        412, which becomes :class:`~wds_async.errors.ObjectChanged`. GCS overrides this."""
+        if expect is not None and expect.etag:
+            headers["If-Match"] = expect.etag
+        return target
+
     @asynccontextmanager
-    async def open(self, url: str, *, start: int = 0, end: int | None = None) -> AsyncIterator[ByteStream]:
+    async def open(self, url: str, *, start: int = 0, end: int | None = None,
+                   expect: ObjectIdentity | None = None) -> AsyncIterator[ByteStream]:
         shown = redact_url(url)
         target, headers = await self.resolve(url, start, end)
+        target = self.conditions(target, headers, expect)
         session = self._get_session()
         try:
             response = await session.get(target, headers=headers, allow_redirects=True)
@@ -132,6 +162,11 @@ class HttpBackend:
                                  offset=start) from None
         except aiohttp.InvalidURL:
             raise UrlError("malformed URL", url=shown) from None
+        except aiohttp.ClientConnectorCertificateError as exc:
+            raise BackendError(
+                f"TLS certificate verification failed ({_safe(exc.certificate_error)}); for a store with a private "
+                "CA pass backend_options={'ca_file': 'ca.pem'} or set SSL_CERT_FILE before starting Python",
+                url=shown, offset=start) from None
         except aiohttp.ClientConnectionError as exc:
             raise TransientError(f"connection failed: {_safe(exc)}", url=shown, offset=start) from None
         except aiohttp.ClientError as exc:
@@ -176,13 +211,16 @@ class HttpBackend:
         received = 0  # bytes of the body, including skipped ones
         pos = start   # object offset of the next byte we yield
         content = response.content
+        limit = self.chunk_bytes
         while True:
             try:
-                # read(n) is bounded by chunk_bytes, which keeps the byte budget's per-reader slack to one
-                # chunk. readchunk() saved a join but handed over up to ~256 KB at once, and its CPU gain
-                # was within noise (measured on moto: 2.1-2.3 vs 2.4 CPU s/GB). aiohttp's own buffer
-                # stays at its 64 KiB default: it is memory outside max_buffered_bytes, per connection.
-                chunk = await content.read(self.chunk_bytes)
+                # readchunk() hands over a piece aiohttp already holds (one socket read, ~256 KB at most)
+                # as it is. read(n) joined the pieces into a fresh object of up to chunk_bytes: a copy of
+                # every byte, into newly mapped pages, that cost ~0.3-0.5 CPU s/GB on loopback
+                # (benchmarks/cpu.py). A piece over chunk_bytes is still handed over in parts below, so the
+                # byte budget's per-reader slack stays one chunk. aiohttp's own buffer stays at its 64 KiB
+                # default: it is memory outside max_buffered_bytes, per connection.
+                chunk, http_chunk_end = await content.readchunk()
             except asyncio.TimeoutError:
                 raise TransientError(f"stalled: no data for {self._timeout.sock_read} s", url=url,
                                      offset=pos) from None
@@ -192,6 +230,8 @@ class HttpBackend:
             except aiohttp.ClientError as exc:
                 raise TransientError(f"read failed: {_safe(exc)}", url=url, offset=pos) from None
             if not chunk:
+                if http_chunk_end:
+                    continue  # the end of one chunk of a chunked-encoding body, not of the body
                 break
             received += len(chunk)
             if skip:
@@ -199,14 +239,20 @@ class HttpBackend:
                     skip -= len(chunk)
                     continue
                 chunk, skip = chunk[skip:], 0
+            last = False
             if end is not None and pos + len(chunk) >= end:
-                chunk = chunk[: end - pos]
-                pos += len(chunk)
-                if chunk:
-                    yield chunk
+                chunk, last = chunk[: end - pos], True
+            k = 0
+            while len(chunk) - k > limit:  # chunk_bytes below one socket read: hand it over in parts
+                pos += limit
+                yield chunk[k : k + limit]
+                k += limit
+            if k < len(chunk):
+                rest = chunk[k:] if k else chunk
+                pos += len(rest)
+                yield rest
+            if last:
                 return
-            pos += len(chunk)
-            yield chunk
         if length is not None and received < length:
             raise TransientError(f"body ended after {received} of {length} bytes", url=url, offset=pos)
 

@@ -16,7 +16,7 @@ arrival until the last byte is written) is answered at once with S3's ``503 Slow
 Per-request only: ``status`` (force a status), ``stall`` (pause after half the body; with
 ``stall_rate`` only that fraction of requests stalls), ``html``
 (answer 200 with an HTML error page). An unknown query parameter is a 400, so a typo never passes
-silently. ``GET /?list`` or ``/?prefix=P`` lists names as JSON; ``GET /_stats`` returns counters
+silently. GETs honour ``If-Match`` (412 on another ETag). ``GET /?list`` or ``/?prefix=P`` lists names as JSON; ``GET /_stats`` returns counters
 (``requests``, ``throttled``, ``active``, ``peak_active``, ...) at any moment, uncounted and never throttled.
 
 ``--https`` serves TLS with a certificate for 127.0.0.1 and localhost, issued at start by a throwaway
@@ -294,6 +294,9 @@ class _Store:
         headers = {"ETag": obj.etag, "Last-Modified": obj.last_modified,
                    "Content-Type": _TYPES.get(os.path.splitext(request.path)[1], "application/octet-stream")}
         start, end, status = 0, size, 200
+        wanted = request.headers.get("If-Match")
+        if wanted is not None and wanted.strip() != "*" and obj.etag not in (t.strip() for t in wanted.split(",")):
+            return _text(412, "precondition failed: the object's ETag does not match If-Match\n")
         if not plan.knobs.ignore_range:
             headers["Accept-Ranges"] = "bytes"
             span = _parse_range(request.headers.get("Range"), size)

@@ -66,6 +66,9 @@ class RangeReader:
         #: While a stream is open its ``backend.buffer_allowance`` (what the transport may buffer outside
         #: the engine's counters) is counted here, so the budget bounds real memory at any concurrency.
         self.budget = budget
+        #: Opens after the first (and the first too, when ``expect`` is given) are conditional on the version
+        #: already seen, where the backend can send the condition (``If-Match``, ``ifGenerationMatch``).
+        self.conditional = bool(getattr(backend, "conditional_reads", False))
         self.allowance = int(getattr(backend, "buffer_allowance", getattr(backend, "chunk_bytes", 1 << 20)))
         self.identity: ObjectIdentity | None = None
         #: What the first open's stream reported (``ByteStream.info``: e.g. the HTTP status).
@@ -93,7 +96,9 @@ class RangeReader:
             try:
                 if self.stats is not None:
                     self.stats.requests += 1
-                async with self.backend.open(self.url, start=self.pos, end=self.end) as stream:
+                pinned = self.identity or self.expect
+                conditional = {"expect": pinned} if pinned is not None and self.conditional else {}
+                async with self.backend.open(self.url, start=self.pos, end=self.end, **conditional) as stream:
                     self._check(stream.identity)
                     if self.info is None:
                         self.info = dict(stream.info)

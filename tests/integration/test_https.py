@@ -1,4 +1,4 @@
-"""The loader against the emulated store over TLS, trusted through ``SSL_CERT_FILE``.
+"""The loader against the emulated store over TLS, trusted through ``SSL_CERT_FILE`` or ``ca_file``.
 
 aiohttp builds its default SSL context (which reads ``SSL_CERT_FILE``) when it is imported, so the
 variable must be in the environment of the process that starts: the trusting reader runs in a child.
@@ -38,11 +38,19 @@ def test_loader_reads_a_tls_store_trusted_by_ssl_cert_file(tls_store: StoreProce
     assert int(out.stdout) == manifest["shards"][0]["samples"]
 
 
-def test_loader_without_the_ca_names_the_certificate_error(tls_store: StoreProcess) -> None:
+def test_loader_trusts_a_ca_file_given_as_a_backend_option(tls_store: StoreProcess,
+                                                           manifest: dict) -> None:  # type: ignore[type-arg]
     ds = wds.WebDataset(tls_store.base_url + SHARD, nodesplitter=None, workersplitter=None,
-                        retry=wds.RetryPolicy(attempts=1))
-    with pytest.raises(wds.WdsError) as info:
+                        backend_options={"ca_file": tls_store.ca_file})
+    assert sum(1 for _ in ds) == manifest["shards"][0]["samples"]
+
+
+def test_loader_without_the_ca_fails_at_once_and_says_what_to_do(tls_store: StoreProcess) -> None:
+    ds = wds.WebDataset(tls_store.base_url + SHARD, nodesplitter=None, workersplitter=None)  # default retries
+    with pytest.raises(wds.BackendError) as info:
         list(ds)
+    assert not isinstance(info.value, wds.TransientError)  # a certificate does not get better by retrying
     message = str(info.value)
-    assert "certificate verify failed" in message
+    assert "certificate verif" in message and "ca_file" in message and "SSL_CERT_FILE" in message
     assert tls_store.base_url + SHARD in message
+    assert ds.stats()["retries"] == 0

@@ -713,3 +713,15 @@ async def test_https_store_serves_tls_with_its_own_ca(root: Path, data: bytes) -
     assert store.stderr == ""  # a refused handshake is the client's business, not a server traceback
     with pytest.raises(RuntimeError, match="https=True"):
         _ = StoreProcess(root).ca_file
+
+
+@pytest.mark.asyncio
+async def test_if_match_is_honoured(store: StoreProcess, data: bytes) -> None:
+    resp, _ = await fetch(store.url(SHARD), method="HEAD")
+    etag = resp.headers["ETag"]
+    resp, body = await fetch(store.url(SHARD), headers={"If-Match": etag, "Range": "bytes=10-19"})
+    assert resp.status == 206 and body == data[10:20]
+    resp, _ = await fetch(store.url(SHARD), headers={"If-Match": f'"other", {etag}'})
+    assert resp.status == 200
+    resp, _ = await fetch(store.url(SHARD), headers={"If-Match": '"not-this-version"'})
+    assert resp.status == 412
