@@ -146,7 +146,7 @@ def _consume(ds: Any, reporter: _Reporter, nbytes: Callable[[], int | None]) -> 
     return {"samples": samples, "unique": len(seen)}, started, cpu0
 
 
-def _phase_loader(urls: list[str], connections: int, max_buffered_bytes: int | None,
+def _phase_loader(urls: list[str], connections: int | str, max_buffered_bytes: int | None,
                   reporter: _Reporter) -> dict[str, Any]:
     from .dataset import WebDataset
 
@@ -156,7 +156,8 @@ def _phase_loader(urls: list[str], connections: int, max_buffered_bytes: int | N
     result, started, cpu0 = _consume(ds, reporter, lambda: int(ds.stats()["bytes_read"]))
     stats = ds.stats()
     result.update(bytes=stats["bytes_read"], peak_buffered=stats["peak_buffered_bytes"], wait_s=stats["wait_s"],
-                  limit=ds.config.max_buffered_bytes, retries=stats["retries"])
+                  limit=ds.config.max_buffered_bytes, retries=stats["retries"], concurrency=stats["concurrency"],
+                  concurrency_reason=stats["concurrency_reason"])
     return _finish(result, started, cpu0, baseline)
 
 
@@ -204,9 +205,11 @@ def _run_phase(phase: str, urls: list[str], connections: int, max_buffered_bytes
 
 def run_bench(urls: list[str], *, connections: int = 16, vs_webdataset: bool = False,
               max_buffered_bytes: int | None = None, faults: str | None = None,
-              timeout: float = 1800, status: Status | None = None) -> list[dict[str, Any]]:
+              timeout: float = 1800, status: Status | None = None, autotune: bool = True) -> list[dict[str, Any]]:
     """Run the phases and return one row per phase, with derived rates and ratios.
 
+    ``autotune`` adds a loader phase with ``max_connections="auto"`` (its row names the concurrency the
+    autotuner ended at; ``connections`` is then only the raw phase's and the fixed loader's).
     ``faults`` is a query string appended to every URL for an extra loader phase (the emulated store
     reads fault knobs from the query, e.g. ``drop_rate=0.05&fail_rate=0.05``); its row reports the
     throughput as a ratio to the clean loader run (``vs_clean``). ``status``, when given, is called
@@ -221,6 +224,10 @@ def run_bench(urls: list[str], *, connections: int = 16, vs_webdataset: bool = F
     loader = _run_phase("loader", urls, connections, max_buffered_bytes, timeout, name, status)
     loader["name"] = name
     rows.append(loader)
+    if autotune:
+        auto = _run_phase("loader-auto", urls, connections, max_buffered_bytes, timeout, "wds-async (auto)", status)
+        auto["name"] = f"wds-async (auto: {auto['concurrency']})"
+        rows.append(auto)
     if faults:
         faulty_urls = [u + ("&" if "?" in u else "?") + faults for u in urls]
         faulty = _run_phase("loader", faulty_urls, connections, max_buffered_bytes, timeout,
@@ -272,6 +279,10 @@ def format_table(rows: list[dict[str, Any]]) -> str:
                      f"of a {loader['limit'] / 1e6:.0f} MB budget; consumer waited {loader['wait_s']:.2f} s")
         if other is not None:
             lines.append(f"wds-async / webdataset = {loader['mb_s'] / other['mb_s']:.1f}x")
+        auto = next((r for r in rows if r["name"].startswith("wds-async (auto")), None)
+        if auto is not None:
+            lines.append(f"autotuned: {auto['mb_s'] / loader['mb_s']:.2f}x the fixed loader, ended at "
+                         f"{auto['concurrency']} connections ({auto['concurrency_reason']})")
         if faulty is not None:
             lines.append(f"under faults ({faulty['faults']}): {faulty['vs_clean']:.2f}x the clean loader run, "
                          f"{faulty['retries']} retries, samples {'identical count' if faulty['samples'] == loader['samples'] else 'DIFFER'}")
@@ -285,6 +296,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-buffered-bytes", type=int, default=None, help="loader byte budget")
     parser.add_argument("--faults", metavar="QUERY", help="extra loader run with this query appended to every URL "
                         "(emulated store knobs, e.g. 'drop_rate=0.05&fail_rate=0.05')")
+    parser.add_argument("--no-auto", dest="autotune", action="store_false",
+                        help="skip the loader phase with max_connections='auto'")
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     parser.add_argument("--progress", action="store_true", help="show the live status line even when stderr "
                         "is not a terminal")
@@ -316,7 +329,7 @@ def command(args: argparse.Namespace) -> int:
     with line:
         rows = run_bench(urls, connections=args.connections, vs_webdataset=args.vs_webdataset,
                          max_buffered_bytes=args.max_buffered_bytes, faults=args.faults,
-                         status=status if shown else None)
+                         status=status if shown else None, autotune=args.autotune)
     print(format_table(rows))
     if args.json:
         with open(args.json, "w") as fh:
@@ -326,7 +339,7 @@ def command(args: argparse.Namespace) -> int:
 
 def _phase_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m wds_async.bench")
-    parser.add_argument("--phase", choices=("raw", "loader", "webdataset"), required=True)
+    parser.add_argument("--phase", choices=("raw", "loader", "loader-auto", "webdataset"), required=True)
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--max-buffered-bytes", type=int, default=None)
     parser.add_argument("--progress-file", default=None, help="rewrite 'bytes samples' here while running")
@@ -337,6 +350,8 @@ def _phase_main(argv: Sequence[str]) -> int:
         result = _phase_raw(args.urls, args.connections, reporter)
     elif args.phase == "loader":
         result = _phase_loader(args.urls, args.connections, args.max_buffered_bytes, reporter)
+    elif args.phase == "loader-auto":
+        result = _phase_loader(args.urls, "auto", args.max_buffered_bytes, reporter)
     else:
         result = _phase_webdataset(args.urls, reporter)
     print(json.dumps(result))
