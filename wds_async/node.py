@@ -1,10 +1,10 @@
 """One connection and memory budget per node, divided among the node's loader processes.
 
 Every process that iterates a dataset (each DataLoader worker of each torchrun rank) runs its own
-engine. Left alone, each would take ``EngineConfig.max_connections`` (32) connections and
-``max_buffered_bytes`` (256 MiB): an 8-GPU node with 8 workers per rank runs 64 engines, so 2048
-connections and 16 GiB of buffers, far more than the network or the host memory wants. So the two
-limits are *node* settings and each process takes its share of them.
+engine. Left alone, each would allow up to 256 requests in flight and ``max_buffered_bytes`` (256 MiB):
+an 8-GPU node with 8 workers per rank runs 64 engines, so 16384 requests and 16 GiB of buffers, far more
+than the network or the host memory wants. So the two limits are *node* settings and each process takes
+its share of them.
 
 The rule, for connections and bytes alike::
 
@@ -16,15 +16,17 @@ The rule, for connections and bytes alike::
   It assumes every rank on the node uses the same ``num_workers``.
 * ``node_value`` is the argument, else ``WDS_ASYNC_NODE_CONNECTIONS`` / ``WDS_ASYNC_NODE_BUFFERED_BYTES``
   (an int, or a size such as ``"4GiB"``/``"512MB"``), else the node default: 256 connections and
-  2 GiB, that is 8 processes at today's per-process defaults (32 and 256 MiB). Up to 8 local
-  processes therefore behave exactly as before; more split the same totals.
+  2 GiB, that is 8 processes at 32 connections and 256 MiB each.
 * The floors are 1 connection and 8 MiB: an engine needs one connection to make progress, and below
   about 8 reads of the default 1 MiB chunk the budget is mostly the one-chunk-per-reader slack that
   :class:`~wds_async.queues.ByteBudget` allows anyway, so a smaller share only makes readers stall.
   A floor may exceed a node budget split among very many processes; it wins.
 * The share is capped by the config's per-process value when the user set that value (its name is in
-  ``explicit``), or when the node value is itself the default. So a lone process with no settings
-  keeps 32 connections and 256 MiB, while a node budget the user chose is divided as given.
+  ``explicit``), or when the node value is itself the default.
+* With ``max_connections="auto"`` (the default) the connection share is the autotuner's *ceiling*
+  (``EngineConfig.connection_cap``): each process tunes its own concurrency below its share, so the
+  node never has more than ``node_connections`` requests in flight. A fixed int is the concurrency
+  itself, lowered to the share.
 """
 
 from __future__ import annotations

@@ -75,3 +75,18 @@ def test_max_connections_accepts_auto_or_a_positive_int() -> None:
     for bad in (0, -1, "fast", 2.5, True):
         with pytest.raises(ValueError, match="max_connections"):
             wds.EngineConfig(max_connections=bad)  # type: ignore[arg-type]
+
+
+def test_a_slow_consumer_makes_it_give_connections_back(shards: Path) -> None:
+    import time
+
+    with StoreProcess(shards, Knobs(ttfb=0.01)) as store:
+        ds = wds.WebDataset(_urls(store), max_buffered_bytes=32 * MiB, nodesplitter=None, workersplitter=None)
+        it = iter(ds)
+        for _ in range(120):  # ~3 s at 40 ms a sample: training is the bottleneck, not the store
+            next(it)
+            time.sleep(0.025)
+        stats = ds.stats()
+        del it
+    # it starts at 25 (what 32 MiB holds in stream allowances) and gives back 20% an interval
+    assert stats["concurrency"] <= 10 and "consumer" in stats["concurrency_reason"], stats
