@@ -163,7 +163,7 @@ class Bridge:
             if not items and not done and not thread.is_alive():
                 raise RuntimeError("the wds-async engine thread stopped unexpectedly") from self._startup_error
             stats.wait_seconds += time.perf_counter() - started
-            stats.samples_delivered += len(items) - sum(type(i) is ItemDone for i in items)
+            stats.samples_delivered += len(items) - list(map(type, items)).count(ItemDone)
             if items:
                 yield items
             if done:

@@ -349,11 +349,15 @@ class Engine:
                         members = [m for m in members if lo <= m.offset and (hi is None or m.offset < hi)]
                         samples = grouper.push(members)
                         held = self._emit(token, item, samples, held, parser, grouper)
+                        members = samples = []
                         if past:
                             stopped_early = True
                             break
                         continue
                     held = self._emit(token, item, grouper.push(members), held, parser, grouper)
+                    # Drop the chunk's members before the next await: alive across it, tens of thousands of
+                    # small tuples per reader reach the collector's oldest generation and cost full collections.
+                    members = []
             if stopped_early:
                 pass  # the rest of the archive is not wanted, so its end is not checked
             elif item.end is None or not ranged:

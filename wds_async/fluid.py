@@ -69,7 +69,8 @@ class _Pass:
     """One pass over the source: the stage runners, and the source positions each of them consumed.
 
     ``pulled`` holds ``[item, offset, end]`` of the samples the source yielded; a tap in front of the
-    stateful stage ``k`` hands it, with every input, the positions pulled since its previous input.
+    stateful stage ``k`` hands it, with every input, the positions pulled since its previous input. With
+    no tap (no stateful stage) nothing reads them, and none are kept.
     """
 
     def __init__(self) -> None:
@@ -80,7 +81,9 @@ class _Pass:
         self.source: Any = None  # what the source keeps for its own state (set by the source)
 
     def pull(self, position: list[int]) -> None:
-        self.pulled.append(position)
+        # Only taps read positions (and trim them); with no stateful stage nothing would ever drop them.
+        if self.marks:
+            self.pulled.append(position)
 
     def tap(self, stream: Iterable[Any], k: int) -> Iterator[tuple[Any, list[list[int]]]]:
         self.marks[k] = self.first + len(self.pulled)
@@ -166,16 +169,15 @@ class FluidPipeline(IterableDataset):  # type: ignore[type-arg]
         while counters[0] < self._repetitions:
             run = _Pass()
             self._current = (run, counters)
-            produced = 0
+            before = counters[1]
             with contextlib.closing(self._iterate_once(run, resume)) as items:
                 resume = None
                 for item in items:
-                    produced += 1
                     counters[1] += 1
                     yield item
                     if 0 < limit <= counters[1]:
                         return
-            if produced == 0:
+            if counters[1] == before:
                 return  # an empty stream never loops
             counters[0] += 1
 

@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from .bridge import Bridge
 from .config import EngineConfig
 from .fluid import FluidPipeline, Stage
+from .grouping import Sample
 from .handlers import reraise_exception, resolve_handler
 from .stats import Stats
 from .urls import expand_urls
@@ -102,12 +103,14 @@ def stream_samples(
     try:
         for batch in bridge.batches():
             for item in batch:
-                if isinstance(item, BaseException):
-                    raise item
-                if isinstance(item, ItemDone):
-                    if on_item_done is not None:
-                        on_item_done(item.id)
-                    continue
+                kind = type(item)  # once per sample: a Sample is told apart by one identity test
+                if kind is not Sample:
+                    if kind is ItemDone:
+                        if on_item_done is not None:
+                            on_item_done(item.id)
+                        continue
+                    if isinstance(item, BaseException):
+                        raise item
                 if on_sample is not None:
                     on_sample(item)
                 yield item

@@ -12,7 +12,8 @@ Invariants:
   PAX header (``g``) belongs to the archive, not to the next member, and is ignored entirely.
 * Each input byte is handled once. A header is sliced out whole when one chunk holds it, otherwise
   gathered in a buffer of at most 511 bytes; member data is kept as a list of slices and joined once, so
-  a member costs one copy however it was chunked.
+  a member costs one copy however it was chunked. A plain regular file whose header and data lie in one
+  chunk takes a fast path that copies its data straight out of the chunk and keeps no state.
 * ``pending_bytes`` counts every byte the parser retains (partial header, member data, an undecided
   magic byte); it is 0 at each member boundary. A kept slice keeps its whole chunk alive, so the memory
   held exceeds it by less than one chunk. Slices of a mutable input buffer are copied before ``feed``
@@ -27,9 +28,10 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import struct
 import zlib
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .errors import ShardFormatError, TruncatedShard
 
@@ -41,6 +43,7 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _GZIP_STEP = 1 << 20  # most bytes one zlib call may produce
 _MAX_META = 1 << 20  # largest PAX or GNU long-name payload we agree to buffer
 _REGULAR = frozenset(b"0\x007")  # typeflags of regular files (as ints)
+_FILE_FLAG, _CONTIG_FLAG = b"07"  # the regular typeflags that need no further look (NUL may be a V7 dir)
 _NO_DATA = frozenset(b"123456")  # links, devices, dirs, fifos: like tarfile, ignore their size field
 _PAX = frozenset(b"xX")
 _GLOBAL, _LONGNAME, _LONGLINK, _SPARSE, _DIRTYPE = b"gLKS5"
@@ -54,15 +57,28 @@ _HEADER, _DATA, _PAD, _DONE = range(4)
 _SKIP, _FILE, _PAX_X, _NAME = range(4)
 
 
-@dataclass(frozen=True, slots=True)
-class Member:
+class Member(NamedTuple):
     """A regular file of the archive: full path, offset of its first header block, content, and ``end``:
-    the offset just past its data's padding (where the next entry's header starts)."""
+    the offset just past its data's padding (where the next entry's header starts). Immutable; a tuple
+    because one is made per member and a tuple is the cheapest record to build."""
 
     name: str
     offset: int
-    data: bytes = field(repr=False)
+    data: bytes
     end: int = -1
+
+    def __repr__(self) -> str:
+        return f"Member(name={self.name!r}, offset={self.offset}, end={self.end})"
+
+
+#: Member(name, offset, data, end) without the Python-level ``__new__`` of a named tuple.
+_new_member = functools.partial(tuple.__new__, Member)
+
+
+def _block_sum(block: bytes) -> int:
+    """The sum of a 512-byte block's bytes. A 256-byte half sums to at most 65280, below adler32's
+    modulus, so adler32's low 16 bits are exactly 1 + that half's sum: two C calls, not 512 additions."""
+    return (zlib.adler32(block[:256]) & 0xFFFF) + (zlib.adler32(block[256:]) & 0xFFFF) - 2
 
 
 def _excerpt(buf: bytes | bytearray | memoryview, limit: int = 40) -> str:
@@ -85,7 +101,7 @@ def _looks_like_tar(buf: bytes | bytearray) -> bool:
 
 def _header_name(block: bytes) -> str:
     name = block[:100].split(b"\0", 1)[0]
-    if block[257:263] == b"ustar\x00":  # POSIX ustar: the prefix field extends the name
+    if block[345] and block[257:263] == b"ustar\x00":  # POSIX ustar: the prefix field extends the name
         prefix = block[345:500].split(b"\0", 1)[0]
         if prefix:
             name = prefix + b"/" + name
@@ -255,22 +271,74 @@ class TarParser:
             elif state == _HEADER:
                 hbuf = self._hbuf
                 if not hbuf and n - i >= _BLOCK:
-                    block = mv[i : i + _BLOCK].tobytes()
-                    i += _BLOCK
-                else:
-                    take = min(_BLOCK - len(hbuf), n - i)
-                    hbuf += mv[i : i + take]
-                    i += take
-                    if len(hbuf) < _BLOCK:
-                        break
-                    block = bytes(hbuf)
-                    hbuf.clear()
+                    i = self._entries(mv, i, base, out)
+                    continue
+                take = min(_BLOCK - len(hbuf), n - i)
+                hbuf += mv[i : i + take]
+                i += take
+                if len(hbuf) < _BLOCK:
+                    break
+                block = bytes(hbuf)
+                hbuf.clear()
                 self._pos = base + i
                 self._header(block, base + i - _BLOCK, out)
             else:  # _DONE: what follows the end-of-archive block is not ours
                 self._pos = base + i
                 return
         self._pos = base + i
+
+    def _entries(self, mv: memoryview, i: int, base: int, out: list[Member]) -> int:
+        """The header state with a whole block at ``mv[i]``: parse entries while their headers lie in this
+        chunk and return where it stopped. A plain regular file (typeflag ``0`` or ``7``, no extended
+        header before it) whose data lies here too is emitted at once: its data is copied straight out of
+        the chunk, and no entry state is kept. Anything else goes through :meth:`_header`.
+
+        This loop runs once per member, so the usual field layouts (what tarfile and GNU tar write) are
+        read inline and anything else falls back to the general checks."""
+        n = len(mv)
+        obj = mv.obj  # slicing the chunk's own bytes makes one object per slice, a memoryview two
+        raw = obj if type(obj) is bytes and len(obj) == n else None
+        while n - i >= _BLOCK:
+            off = base + i
+            block = raw[i : i + _BLOCK] if raw is not None else mv[i : i + _BLOCK].tobytes()
+            i += _BLOCK
+            flag = block[156]
+            if (flag != _FILE_FLAG and flag != _CONTIG_FLAG) or self._prefix_off is not None:
+                self._pos = base + i
+                self._header(block, off, out)
+                if self._state != _HEADER:
+                    return i
+                continue
+            # The checksum: when the field reads "%06o\0 " of the computed sum it is right; else the full check.
+            field = block[148:156]
+            if field != b"%06o\0 " % (_block_sum(block) - sum(field) + 8 * 32):
+                self._verify_checksum(block, off, not self._headers)
+            self._headers += 1
+            digits = block[124:135]
+            if block[135] or not digits.isdigit():
+                size = self._parse_size(block, off)
+            else:
+                try:
+                    size = int(digits, 8)
+                except ValueError:  # an 8 or a 9
+                    size = self._parse_size(block, off)
+            name = _header_name(block) if block[345] else block[:100].split(b"\0", 1)[0].decode(
+                "utf-8", "surrogateescape")
+            if n - i < size:  # the data goes on in the next chunk
+                self._pos = base + i
+                self._begin(_FILE, size, name, off, out)
+                return i
+            data = (raw[i : i + size] if raw is not None else mv[i : i + size].tobytes()) if size else b""
+            i += size
+            pad = -size % _BLOCK
+            out.append(_new_member((name, off, data, base + i + pad)))
+            if n - i < pad:  # the padding goes on in the next chunk
+                self._kind, self._name, self._entry_off, self._size, self._left = _FILE, name, off, size, 0
+                self._pad = pad - (n - i)
+                self._state = _PAD
+                return n
+            i += pad
+        return i
 
     def _header(self, block: bytes, off: int, out: list[Member]) -> None:
         if block == _ZERO_BLOCK:
@@ -327,7 +395,7 @@ class TarParser:
         digits = raw.split(b"\0", 1)[0].strip(b" ")
         if digits and not digits.translate(None, _OCTAL):
             stored = int(digits, 8)
-            unsigned = sum(block) - sum(raw) + 8 * 32  # the field itself counts as spaces
+            unsigned = _block_sum(block) - sum(raw) + 8 * 32  # the field itself counts as spaces
             if stored == unsigned:
                 return
             # Some historic tars summed signed chars; POSIX readers accept either.

@@ -1,0 +1,213 @@
+"""CPU per byte: the loader beside raw download and beside the webdataset package, case by case.
+
+    python benchmarks/cpu.py [--cases http,small,large] [--repeat 3] [--tree DIR ...]
+
+Three cases, each measured side by side in one run, every phase in a fresh subprocess so that its
+wall time, CPU time (user+system of the whole process, all threads) and byte count are its own:
+
+* ``http``: unthrottled loopback http (the emulated store with no TTFB and no bandwidth cap):
+  ``raw`` (``--connections`` concurrent streaming GETs through the loader's own backend, bytes thrown
+  away) beside ``wds-async`` (``WebDataset(urls, max_connections=...)`` iterated in one process);
+* ``small``: local files in the page cache, 1 KB samples: ``wds_async.WebDataset(paths)`` beside
+  ``webdataset.WebDataset(paths)``, both iterated in one process;
+* ``large``: the same with 1 MB samples.
+
+Phases are interleaved across ``--repeat`` rounds (and across ``--tree`` library trees, for an A/B of
+two checkouts of wds_async: each tree is put first on ``PYTHONPATH`` of its phases) and the best round
+of each phase is reported: highest MB/s, lowest CPU s/GB. Shards are generated once under ``--dir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: case -> (number of shards, bytes per shard, mean .bin size, phases)
+CASES: dict[str, tuple[int, int, int, tuple[str, ...]]] = {
+    "http": (32, 16 << 20, 100 << 10, ("raw", "wds-async")),
+    "small": (32, 4 << 20, 1 << 10, ("wds-async", "webdataset")),
+    "large": (16, 32 << 20, 1 << 20, ("wds-async", "webdataset")),
+}
+
+
+# -- phases (run in the child process) -----------------------------------------------------------
+
+def _phase_raw(urls: list[str], connections: int) -> dict[str, Any]:
+    import asyncio
+
+    from wds_async.bridge import new_event_loop
+    from wds_async.config import EngineConfig
+    from wds_async.engine import BackendSet
+
+    total = 0
+
+    async def download_all() -> None:
+        nonlocal total
+        backends = BackendSet(EngineConfig(max_connections=connections))
+        shards = iter(urls)
+
+        async def worker() -> None:
+            nonlocal total
+            for url in shards:
+                async with backends.for_url(url).open(url) as stream:
+                    async for chunk in stream:
+                        total += len(chunk)
+
+        try:
+            await asyncio.gather(*(worker() for _ in range(min(connections, len(urls)))))
+        finally:
+            await backends.aclose()
+
+    loop = new_event_loop()
+    try:
+        loop.run_until_complete(download_all())
+    finally:
+        loop.close()
+    return {"bytes": total, "samples": None}
+
+
+def _phase_loader(urls: list[str], connections: int) -> dict[str, Any]:
+    import wds_async
+
+    ds = wds_async.WebDataset(urls, nodesplitter=None, workersplitter=None, max_connections=connections or None)
+    samples = 0
+    for _ in ds:
+        samples += 1
+    return {"bytes": ds.stats()["bytes_read"], "samples": samples}
+
+
+def _phase_webdataset(urls: list[str]) -> dict[str, Any]:
+    import warnings
+
+    warnings.simplefilter("ignore")
+    import webdataset  # type: ignore[import-untyped]
+
+    samples = 0
+    for _ in webdataset.WebDataset(urls, shardshuffle=False):
+        samples += 1
+    return {"bytes": sum(os.path.getsize(u) for u in urls), "samples": samples}
+
+
+def phase_main(phase: str, urls: list[str], connections: int) -> dict[str, Any]:
+    """Run one phase in this process; wall and CPU seconds are measured around it. Imports are not: they
+    are a one-off per process (aiohttp alone is ~0.2 CPU s, which would be ~0.4 s/GB of a 0.5 GB case)."""
+    with contextlib.suppress(ImportError):
+        import uvloop  # noqa: F401
+    for module in ("wds_async", "wds_async.backends.file", "wds_async.backends.http"):
+        importlib.import_module(module)
+
+    if phase == "webdataset":
+        import webdataset  # type: ignore[import-untyped]  # noqa: F401
+    started, cpu0 = time.perf_counter(), time.process_time()
+    if phase == "raw":
+        result = _phase_raw(urls, connections)
+    elif phase == "wds-async":
+        result = _phase_loader(urls, connections)
+    else:
+        result = _phase_webdataset(urls)
+    result.update(wall_s=time.perf_counter() - started, cpu_s=time.process_time() - cpu0)
+    return result
+
+
+# -- driver -------------------------------------------------------------------------------------
+
+def _run(tree: Path, phase: str, urls: list[str], connections: int) -> dict[str, Any]:
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree), env.get("PYTHONPATH")]))
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--phase", phase, "--connections", str(connections),
+           "--", *urls]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(tree), timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"phase {phase} ({tree}) failed:\n{proc.stderr[-3000:]}")
+    row: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    row["mb_s"] = row["bytes"] / row["wall_s"] / 1e6
+    row["cpu_s_gb"] = row["cpu_s"] / (row["bytes"] / 1e9)
+    row["samples_s"] = row["samples"] / row["wall_s"] if row["samples"] else None
+    return row
+
+
+def _shards(base: Path, case: str) -> list[str]:
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.make_shards import make_shards
+
+    n, shard_bytes, sample_bytes, _ = CASES[case]
+    return [str(p) for p in make_shards(base / case, n_shards=n, shard_bytes=shard_bytes, sample_bytes=sample_bytes)]
+
+
+def _measure(case: str, urls: list[str], trees: list[Path], repeat: int, connections: int
+             ) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    phases = CASES[case][3]
+    rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for _ in range(repeat):
+        for tree in trees:
+            for phase in phases:
+                # The local cases use the loader's defaults, as a user would; http names the connections.
+                conns = connections if case == "http" else 0
+                rows.setdefault((str(tree), phase), []).append(_run(tree, phase, urls, conns))
+    return rows
+
+
+def _report(case: str, rows: dict[tuple[str, str], list[dict[str, Any]]], trees: list[Path]) -> None:
+    phases = CASES[case][3]
+    n, shard_bytes, sample_bytes, _ = CASES[case]
+    print(f"\n[{case}] {n} shards x {shard_bytes >> 20} MiB, {sample_bytes >> 10} KiB samples "
+          f"(best of {len(next(iter(rows.values())))})")
+    print(f"{'tree':<22}{'phase':<12}{'MB/s':>9}{'samples/s':>11}{'CPU s/GB':>10}{'samples':>9}")
+    for tree in trees:
+        best: dict[str, dict[str, Any]] = {}
+        for phase in phases:
+            runs = rows[(str(tree), phase)]
+            b = {"mb_s": max(r["mb_s"] for r in runs), "cpu_s_gb": min(r["cpu_s_gb"] for r in runs),
+                 "samples_s": max((r["samples_s"] or 0) for r in runs), "samples": runs[0]["samples"]}
+            best[phase] = b
+            sps = f"{b['samples_s']:.0f}" if b["samples_s"] else "-"
+            print(f"{str(tree)[-22:]:<22}{phase:<12}{b['mb_s']:>9.1f}{sps:>11}{b['cpu_s_gb']:>10.2f}"
+                  f"{b['samples'] if b['samples'] is not None else '-':>9}")
+        other = next(phase for phase in phases if phase != "wds-async")
+        ours, theirs = best["wds-async"], best[other]
+        print(f"{'':<22}wds-async / {other}: {ours['mb_s'] / theirs['mb_s']:.2f}x MB/s (and samples/s), "
+              f"{ours['cpu_s_gb'] / theirs['cpu_s_gb']:.2f}x CPU s/GB")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python benchmarks/cpu.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--cases", default="http,small,large")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--tree", action="append", type=Path, help="wds_async checkout(s) to compare (default: this one)")
+    p.add_argument("--dir", type=Path, default=ROOT / ".bench" / "cpu", help="where shards are generated")
+    p.add_argument("-c", "--connections", type=int, default=16, help="connections of the http case")
+    p.add_argument("--phase", choices=("raw", "wds-async", "webdataset"), help=argparse.SUPPRESS)
+    p.add_argument("urls", nargs="*", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.phase:
+        print(json.dumps(phase_main(args.phase, args.urls, args.connections)))
+        return 0
+    trees = [t.resolve() for t in (args.tree or [ROOT])]
+    for case in args.cases.split(","):
+        paths = _shards(args.dir, case)
+        if case == "http":
+            from benchmarks.store import Knobs
+            from benchmarks.store_process import StoreProcess
+
+            with StoreProcess(args.dir / case, Knobs()) as store:
+                urls = [store.url(Path(path).name) for path in paths]
+                rows = _measure(case, urls, trees, args.repeat, args.connections)
+        else:
+            rows = _measure(case, paths, trees, args.repeat, args.connections)
+        _report(case, rows, trees)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
