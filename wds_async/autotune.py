@@ -21,8 +21,8 @@ judged) it compares the bytes per second of that interval with the previous ones
 ``throttled``
     Any 429/503 (S3 ``SlowDown``, GCS ``rateLimitExceeded``, Azure ``ServerBusy``) in an interval cuts the
     concurrency to the number of requests the store was actually answering at once during it (the best
-    estimate of what it accepts), within [50%, 90%] of what was in flight; the level that drew the
-    rejection becomes a ceiling
+    estimate of what it accepts), at least one less and at most half less than what was in flight; the
+    level that drew the rejection becomes a ceiling
     for a minute. After a throttle, growth is additive (one more request per probe), as in TCP's
     congestion avoidance, so a store that rejects above N concurrent requests sees a rejection about
     once a minute rather than one per doubling.
@@ -168,9 +168,9 @@ class Autotuner:
             self._gentle = True
             self.phase, self._ramp_from, self._probe_from = "hold", None, None
             self._held, self._next_probe = 0.0, obs.now + self.probe_every
-            # What the store did serve at once is the best estimate of what it accepts; never keep more
-            # than 90% of what drew the rejections, nor cut below half of it.
-            target = max(math.floor(drawn * BACKOFF), min(math.floor(drawn * 0.9), obs.served or 0))
+            # What the store did serve at once is the best estimate of what it accepts: go there, but at least
+            # one below what drew the rejections and never below half of it.
+            target = max(math.floor(drawn * BACKOFF), min(drawn - 1, obs.served or 0))
             self._set(target, f"backed off: {obs.throttled} throttled answers (429/503) at {drawn} in flight, "
                       f"{obs.served} served at once")
             return
