@@ -4,7 +4,7 @@ It sets :attr:`~wds_async.limiter.Limiter.total` of the engine's limiter. Every 
 it samples two facts (was concurrency the limit: every token taken and work waiting for one; was the
 buffer full while the consumer did not wait), and once per *interval* (about three times the measured
 time to first byte, between 0.25 s and 2 s, so that new requests have begun to stream before they are
-judged) it compares the bytes per second of that interval with the previous ones and decides:
+judged; twice, from 0.2 s, while ramping) it compares the bytes per second of that interval with the previous ones and decides:
 
 ``ramp``
     Start: double the concurrency each interval while throughput rises by at least 20% per doubling
@@ -180,8 +180,8 @@ class Autotuner:
                 self._set(math.ceil(level * SHRINK), "the consumer is the bottleneck (buffer full, consumer "
                           "not waiting)")
             return
-        if obs.limited < 0.5:
-            return  # not enough work waiting to judge concurrency by this interval
+        if obs.limited < 0.5 or not obs.throughput:
+            return  # not enough work waiting (or no byte yet) to judge concurrency by this interval
         top = self._top(obs.now)
         if self.phase == "consumer":
             self.phase, self._ramp_from = "ramp", None
