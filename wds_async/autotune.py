@@ -4,7 +4,8 @@ It sets :attr:`~wds_async.limiter.Limiter.total` of the engine's limiter. Every 
 it samples two facts (was concurrency the limit: every token taken and work waiting for one; was the
 buffer full while the consumer did not wait), and once per *interval* (about three times the measured
 time to first byte, between 0.25 s and 2 s, so that new requests have begun to stream before they are
-judged; twice, from 0.2 s, while ramping) it compares the bytes per second of that interval with the previous ones and decides:
+judged; twice, from 0.2 s, while ramping) it compares the bytes per second of that interval, leaving out
+its first time-to-first-byte after a change, with the previous ones and decides:
 
 ``ramp``
     Start: double the concurrency each interval while throughput rises by at least 20% per doubling
