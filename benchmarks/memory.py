@@ -22,25 +22,11 @@ from benchmarks.store import Knobs
 from benchmarks.store_process import StoreProcess
 
 CHILD = r"""
-import json, os, resource, sys, threading, time
+import json, resource, sys, time
 import wds_async as wds
+from benchmarks.peakmem import PeakMemory
 urls, level, budget, sleep, part = json.loads(sys.argv[1])
-PAGE = os.sysconf("SC_PAGE_SIZE")
-
-def anon():  # resident memory that is not file-backed (shared-library pages come and go with the machine)
-    with open("/proc/self/statm") as f:
-        fields = f.read().split()
-    return (int(fields[1]) - int(fields[2])) * PAGE
-
-base = anon()
-peak_anon = [base]
-done = threading.Event()
-
-def sample():
-    while not done.wait(0.005):
-        peak_anon[0] = max(peak_anon[0], anon())
-
-threading.Thread(target=sample, daemon=True).start()
+mem = PeakMemory()
 rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 ds = wds.WebDataset(urls, max_connections=level, max_buffered_bytes=budget, part_bytes=part,
                     nodesplitter=None, workersplitter=None)
@@ -49,19 +35,18 @@ started = time.perf_counter()
 for s in ds:
     n += 1
     time.sleep(sleep)
-done.set()
+above = mem.stop()
 st = ds.stats()
 print(json.dumps({"level": level, "samples": n, "wall_s": time.perf_counter() - started,
-                  "peak_rss_above_baseline": peak_anon[0] - base, "concurrency": st["concurrency"],
+                  "peak_rss_above_baseline": above, "concurrency": st["concurrency"],
                   "maxrss_above": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss0,
                   "peak_buffered": st["peak_buffered_bytes"],
                   "budget": budget, "requests": st["requests"], "parts": st["parts"]}))
 """
 
-
 def run(urls: list[str], level: int, budget: int, sleep: float, part: int) -> dict:  # type: ignore[type-arg]
     out = subprocess.run([sys.executable, "-c", CHILD, json.dumps([urls, level, budget, sleep, part])],
-                         capture_output=True, text=True, check=True)
+                         capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[1])
     return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 

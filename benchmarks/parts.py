@@ -22,40 +22,25 @@ from benchmarks.store import Knobs
 from benchmarks.store_process import StoreProcess
 
 CHILD = r"""
-import json, os, sys, threading, time
+import json, sys, time
 import wds_async as wds
+from benchmarks.peakmem import PeakMemory
 url, options = json.loads(sys.argv[1])
-PAGE = os.sysconf("SC_PAGE_SIZE")
-
-def anon():
-    with open("/proc/self/statm") as f:
-        fields = f.read().split()
-    return (int(fields[1]) - int(fields[2])) * PAGE
-
-base = anon()
-peak = [base]
-done = threading.Event()
-
-def sample():
-    while not done.wait(0.005):
-        peak[0] = max(peak[0], anon())
-
-threading.Thread(target=sample, daemon=True).start()
+mem = PeakMemory()
 ds = wds.WebDataset(url, nodesplitter=None, workersplitter=None, **options)
 started = time.perf_counter()
 n = sum(1 for _ in ds)
 wall = time.perf_counter() - started
-done.set()
+above = mem.stop()
 st = ds.stats()
 print(json.dumps({"samples": n, "wall_s": wall, "mb_s": st["bytes_read"] / wall / 1e6, "requests": st["requests"],
-                  "parts": st["parts"], "concurrency": st["concurrency"], "peak_above": peak[0] - base,
+                  "parts": st["parts"], "concurrency": st["concurrency"], "peak_above": above,
                   "budget": ds.config.max_buffered_bytes}))
 """
 
-
 def run(url: str, options: dict) -> dict:  # type: ignore[type-arg]
     out = subprocess.run([sys.executable, "-c", CHILD, json.dumps([url, options])], capture_output=True, text=True,
-                         check=True)
+                         check=True, cwd=Path(__file__).resolve().parents[1])
     return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 

@@ -96,13 +96,7 @@ class ByteBudget:
             if channel.starving_for(owner) and self._overdraft_holder in (None, owner):
                 self._overdraft_holder = owner
                 return
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._waiters.append(fut)
-            try:
-                await fut
-            finally:
-                if not fut.done():
-                    fut.cancel()
+            await self.changed()
 
     async def changed(self) -> None:
         """Wait for the next :meth:`wake` (a release, or the consumer starving): callers re-check their
@@ -317,17 +311,6 @@ class SampleChannel:
                 self._getter = None
         self.budget.release(taken)
         return items, done
-
-    async def changed(self) -> None:
-        """Wait for the next :meth:`wake` (a release, or the consumer starving): callers re-check their
-        own condition in a loop."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        try:
-            await fut
-        finally:
-            if not fut.done():
-                fut.cancel()
 
     def statistics(self) -> dict[str, int]:
         with self._lock:

@@ -1,8 +1,6 @@
 """Peak memory stays within max_buffered_bytes + 64 MB whatever the concurrency, ranged parts included, with a
 consumer slower than the network. Each run is a fresh process that samples its anonymous resident memory
-(RSS less file-backed pages) every 5 ms. ``ru_maxrss`` above a post-import baseline read 176 MB once in a
-full-suite run and 27 MB alone for the same run: it counts shared-library pages too, which come and go
-with what else the machine runs. The heap does not."""
+(see benchmarks/peakmem.py for why not ``ru_maxrss``)."""
 
 from __future__ import annotations
 
@@ -21,39 +19,21 @@ from benchmarks.store_process import StoreProcess
 MiB = 1 << 20
 BUDGET = 32 * MiB
 CHILD = r"""
-import json, os, resource, sys, threading, time
+import json, sys, time
 import wds_async as wds
+from benchmarks.peakmem import PeakMemory
 urls, connections, part = json.loads(sys.argv[1])
-PAGE = os.sysconf("SC_PAGE_SIZE")
-
-def anon():  # resident memory that is not file-backed: heap, buffers (shared library pages excluded)
-    with open("/proc/self/statm") as f:
-        fields = f.read().split()
-    return (int(fields[1]) - int(fields[2])) * PAGE
-
-base = anon()
-peak = [base]
-done = threading.Event()
-
-def sample():
-    while not done.wait(0.005):
-        peak[0] = max(peak[0], anon())
-
-threading.Thread(target=sample, daemon=True).start()
-rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+mem = PeakMemory()
 ds = wds.WebDataset(urls, max_connections=connections, max_buffered_bytes=%d, part_bytes=part,
                     nodesplitter=None, workersplitter=None)
 n = 0
 for _ in ds:
     n += 1
     time.sleep(0.001)  # ~100 MB/s of 100 KB samples: slower than the unthrottled store
-done.set()
-peak[0] = max(peak[0], anon())
+above = mem.stop()
 st = ds.stats()
-print(json.dumps({"samples": n, "above": peak[0] - base,
-                  "maxrss_above": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss0,
-                  "concurrency": st["concurrency"], "reason": st["concurrency_reason"], "parts": st["parts"],
-                  "peak_buffered": st["peak_buffered_bytes"]}))
+print(json.dumps({"samples": n, "above": above, "concurrency": st["concurrency"], "reason": st["concurrency_reason"],
+                  "parts": st["parts"], "peak_buffered": st["peak_buffered_bytes"]}))
 """ % BUDGET
 
 
