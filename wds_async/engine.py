@@ -1,10 +1,13 @@
 """The engine: many work items in flight, parsed as they arrive, into one byte-bounded channel.
 
-``Engine.run()`` starts ``max_connections`` reader coroutines in a TaskGroup. Each takes the next
+``Engine.run()`` starts as many reader coroutines as the concurrency may ever reach, in a TaskGroup. Each
+takes a token of the engine's :class:`~wds_async.limiter.Limiter` (whose total the
+:class:`~wds_async.autotune.Autotuner` or a fixed ``max_connections`` sets), then the next
 :class:`~wds_async.work.WorkItem` (a whole shard, or a byte range of one at sample boundaries; plain URLs
 become whole-shard items) from the shared iterator, so items open in plan order. It reads the item's
-bytes through a :class:`~wds_async.reader.RangeReader` (which retries transient failures, resuming at the
-byte reached, and checks the object's identity on every open) into a sans-IO
+bytes through a :class:`~wds_async.parts.PartedRead` (a :class:`~wds_async.reader.RangeReader`, which
+retries transient failures, resuming at the byte reached, and checks the object's identity on every open;
+plus concurrent ranged parts on extra tokens when the object is large) into a sans-IO
 :class:`~wds_async.tarstream.TarParser` started at the item's offset and a
 :class:`~wds_async.grouping.Grouper`, and puts complete samples, tagged with the item's id, into the
 :class:`~wds_async.queues.SampleChannel`, followed by an :class:`~wds_async.work.ItemDone` marker. Before
@@ -165,8 +168,8 @@ class Engine:
                 logger = outer.create_task(self._log_periodically()) if self.log_interval else None
                 tuning = outer.create_task(tuner.run()) if tuner is not None else None
                 async with TaskGroup() as readers:
-                    count = len(self.urls) if isinstance(self.urls, Sized) else config.connections
-                    for _ in range(min(config.connections, count)):
+                    count = len(self.urls) if isinstance(self.urls, Sized) else cap
+                    for _ in range(min(cap, count)):  # the limiter, not the task count, sets the concurrency
                         readers.create_task(self._reader(shards))
                 for task in (logger, tuning):
                     if task is not None:
