@@ -18,6 +18,7 @@ import pytest
 from aiohttp import web
 
 import wds_async as wds
+from wds_async.backends.base import ObjectIdentity
 from tests.backends.contract import BackendContract, ContractEnv
 from tests.emulators import gcs_emulator, unavailable
 from wds_async.backends.gcs import READ_ONLY_SCOPE, GcsBackend, parse_gs_url
@@ -64,7 +65,19 @@ class TestGcsBackend(BackendContract):
             url=lambda name: f"gs://{bucket.name}/{name}",
             put=lambda name, data: bucket.blob(name).upload_from_string(data),
             dataset_options={},
+            # gcp-storage-emulator sends neither ETag nor x-goog-generation on downloads and ignores
+            # ifGenerationMatch (the real JSON API does both); the request it gets is checked below.
+            honours_preconditions=False,
         )
+
+
+def test_downloads_are_conditional_on_the_generation_seen() -> None:
+    backend = GcsBackend(max_connections=1)
+    headers: dict[str, str] = {}
+    pinned = ObjectIdentity(size=5, generation="1712345678901234")
+    target = backend.conditions("https://h/download/storage/v1/b/b/o/k?alt=media", headers, pinned)
+    assert target.endswith("?alt=media&ifGenerationMatch=1712345678901234") and "If-Match" not in headers
+    assert backend.conditions("https://h/o?alt=media", headers, None) == "https://h/o?alt=media"
 
 
 # -- against the emulator ---------------------------------------------------------------------------
