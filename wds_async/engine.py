@@ -352,7 +352,7 @@ class Engine:
                         members = [m for m in members if lo <= m.offset and (hi is None or m.offset < hi)]
                         samples = grouper.push(members)
                         held = self._emit(token, item, samples, held, parser, grouper)
-                        members = samples = []
+                        members, samples = [], []
                         if past:
                             stopped_early = True
                             break
