@@ -110,6 +110,9 @@ def parse_url(url: str) -> _Target:
 class AzureBackend(HttpBackend):
     """Ranged Blob GETs authorised by a cached SAS (account key or given), a bearer token, or nothing."""
 
+    #: The store's API serves byte ranges on every object, whether or not an answer says Accept-Ranges.
+    ranges_guaranteed = True
+
     def __init__(self, *, connection_string: str | None = None, account_name: str | None = None,
                  account_key: str | None = None, sas_token: str | None = None, credential: Any = None,
                  anonymous: bool = False, blob_endpoint: str | None = None, **kwargs: Any) -> None:

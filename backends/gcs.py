@@ -74,6 +74,9 @@ def _refresh(credentials: google.auth.credentials.Credentials) -> None:
 class GcsBackend(HttpBackend):
     """Streams ``gs://`` objects with ranged JSON API media downloads."""
 
+    #: The store's API serves byte ranges on every object, whether or not an answer says Accept-Ranges.
+    ranges_guaranteed = True
+
     def __init__(self, *, endpoint_url: str | None = None, anonymous: bool = False,
                  credentials: google.auth.credentials.Credentials | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -201,7 +201,10 @@ class HttpBackend:
         return ByteStream(
             self._chunks(response, shown, start, skip, response.content_length, end),
             start=start, identity=identity_from_headers(response.headers, response.status),
-            info={"status": response.status},
+            info={"status": response.status,
+                  # A 206, or "Accept-Ranges: bytes": ranged parts of this object will be served as ranges.
+                  "accept_ranges": response.status == 206
+                  or response.headers.get("Accept-Ranges", "").strip().lower() == "bytes"},
         )
 
     async def _chunks(

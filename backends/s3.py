@@ -51,6 +51,9 @@ def split_s3_url(url: str) -> tuple[str, str]:
 class S3Backend(HttpBackend):
     """Streams S3 (and S3-compatible) objects with presigned, ranged GETs."""
 
+    #: The store's API serves byte ranges on every object, whether or not an answer says Accept-Ranges.
+    ranges_guaranteed = True
+
     def __init__(self, *, endpoint_url: str | None = None, region: str | None = None, profile: str | None = None,
                  anonymous: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -26,7 +26,8 @@
   the mismatch is seen.
 
 ``pipe:`` sources cannot be read by range and are always read in one stream (``ranged_reads = False``
-on the backend). A ``.tar.gz`` is split like any object: the parts are compressed bytes, inflated in
+on the backend); neither is an http object whose server neither answered 206 nor announced
+``Accept-Ranges: bytes``, since every part would then download the object from its start. A ``.tar.gz`` is split like any object: the parts are compressed bytes, inflated in
 order by the one parser.
 
 The owner runs :meth:`chunks` inside a TaskGroup it passes in, and must call :meth:`close` when it stops
@@ -120,13 +121,20 @@ class PartedRead:
         identity = self.first.identity
         stop = self.end if self.end is not None else (identity.size if identity is not None else None)
         if (not self.part_bytes or stop is None or not getattr(self.backend, "ranged_reads", True)
-                or stop - self.start <= self.part_bytes):
-            return None
+                or stop - self.start <= self.part_bytes or self._ranges_ignored()):
+            return None  # small, unsized, or from a server that ignores Range (each part would start at 0)
         cut = self.start + self.part_bytes
         self.expect = identity
         self._parts = [_Part(a, min(a + self.part_bytes, stop)) for a in range(cut, stop, self.part_bytes)]
         self._launch()
         return cut
+
+    def _ranges_ignored(self) -> bool:
+        """A plain http server whose first answer neither was a 206 nor announced ``Accept-Ranges: bytes``
+        (cloud stores serve ranges on every object, ``ranges_guaranteed``)."""
+        if getattr(self.backend, "ranges_guaranteed", False):
+            return False
+        return (self.first.info or {}).get("accept_ranges") is False
 
     def _launch(self) -> None:
         """Start helpers for the parts within the window ahead of the one being parsed."""

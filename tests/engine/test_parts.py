@@ -139,3 +139,11 @@ def test_local_files_are_split_like_any_store(big: tuple[StoreProcess, Path]) ->
     ds = wds.WebDataset(path, part_bytes=PART, deterministic=True)
     assert _digest(ds) == _digest(wds.WebDataset(path, part_bytes=0, deterministic=True))
     assert ds.stats()["parts"] > 0
+
+
+def test_a_server_that_ignores_range_is_read_in_one_stream(big: tuple[StoreProcess, Path]) -> None:
+    store, _ = big
+    url = store.base_url + "shard-000000.tar"
+    ds = wds.WebDataset(url + "?ignore_range=1", part_bytes=PART, deterministic=True)
+    assert _digest(ds) == _digest(wds.WebDataset(url, part_bytes=0, deterministic=True))
+    assert ds.stats()["parts"] == 0 and ds.stats()["requests"] == 1  # parts would each re-read from byte 0
