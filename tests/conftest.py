@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
 import tarfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,20 @@ def store(shard_dir: Path) -> Iterator[StoreProcess]:
 @pytest.fixture(scope="session")
 def pattern(store: StoreProcess) -> str:
     return store.base_url + "shard-{000000..%06d}.tar" % (N_SHARDS - 1)
+
+
+def sample_digest(samples: Iterable[dict]) -> tuple[int, str]:  # type: ignore[type-arg]
+    """Sample count and one hash over every sample's key and fields (``__url__`` aside), in delivery order:
+    equal digests mean the same samples, the same bytes, the same order."""
+    h = hashlib.sha256()
+    n = 0
+    for s in samples:
+        n += 1
+        for k in sorted(s):
+            if k != "__url__":
+                h.update(k.encode())
+                h.update(s[k] if isinstance(s[k], bytes) else str(s[k]).encode())
+    return n, h.hexdigest()
 
 
 def write_tar(path: Path, members: list[tuple[str, bytes]], fmt: int = tarfile.GNU_FORMAT) -> Path:

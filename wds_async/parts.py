@@ -177,7 +177,7 @@ class PartedRead:
         """Wait until ``part`` may read another chunk: strictly below the budget when it is ahead of the
         parser, like any reader (overdraft included) when it is the part being parsed."""
         while self.budget.used >= self.budget.limit:
-            if self._parts.index(part) == self._current:
+            if self._current >= 0 and part is self._parts[self._current]:
                 await self.budget.wait_for_room(self.owner, self.channel)
                 return
             await self.budget.changed()

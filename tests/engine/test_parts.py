@@ -3,7 +3,6 @@ object version per shard, bounded memory with a slow consumer, and sequential re
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import time
@@ -16,6 +15,7 @@ import wds_async as wds
 from benchmarks.make_shards import make_shards
 from benchmarks.store import Knobs
 from benchmarks.store_process import StoreProcess
+from tests.conftest import sample_digest
 
 MiB = 1 << 20
 PART = MiB // 2
@@ -31,24 +31,21 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[StoreProcess
         yield server, root
 
 
-def _digest(ds: wds.WebDataset) -> tuple[int, str]:
-    h = hashlib.sha256()
-    n = 0
-    for sample in ds:
-        n += 1
-        for key in sorted(sample):
-            if key != "__url__":
-                value = sample[key]
-                h.update(key.encode() + (value if isinstance(value, bytes) else str(value).encode()))
-    return n, h.hexdigest()
+def _same_as_one_stream(url: str, **options: object) -> wds.WebDataset:
+    """Read ``url`` with ``options`` (parts on), check it delivers what one stream delivers, return it for
+    its stats."""
+    ds = wds.WebDataset(url, part_bytes=PART, deterministic=True, **options)  # type: ignore[arg-type]
+    whole = wds.WebDataset(url.split("?")[0], part_bytes=0, deterministic=True)  # the same object, plain
+    assert sample_digest(ds) == sample_digest(whole)
+    return ds
 
 
 def test_parts_deliver_the_same_samples_as_one_stream(big: tuple[StoreProcess, Path]) -> None:
     store, _ = big
     urls = store.base_url + "shard-{000000..000001}.tar"
-    whole = _digest(wds.WebDataset(urls, deterministic=True, part_bytes=0))
+    whole = sample_digest(wds.WebDataset(urls, deterministic=True, part_bytes=0))
     parted = wds.WebDataset(urls, deterministic=True, part_bytes=PART)
-    assert _digest(parted) == whole and whole[0] > 100
+    assert sample_digest(parted) == whole and whole[0] > 100
     stats = parted.stats()
     assert stats["parts"] >= 2 * (6 * MiB // PART - 2)  # helpers fetched most parts
     assert stats["requests"] >= stats["parts"] + 2
@@ -59,27 +56,24 @@ def test_a_gzipped_shard_is_split_too_and_inflated_in_order(big: tuple[StoreProc
     url = store.base_url + "gz-000000.tar.gz"
     size = (root / "gz-000000.tar.gz").stat().st_size
     assert size > 4 * PART
-    parted = wds.WebDataset(url, part_bytes=PART, deterministic=True)
-    assert _digest(parted) == _digest(wds.WebDataset(url, part_bytes=0, deterministic=True))
-    assert parted.stats()["parts"] > 0
+    assert _same_as_one_stream(url).stats()["parts"] > 0
 
 
 def test_with_one_token_every_part_is_read_in_order_by_the_item_itself(big: tuple[StoreProcess, Path]) -> None:
     store, _ = big
     url = store.base_url + "shard-000000.tar"
-    ds = wds.WebDataset(url, part_bytes=PART, max_connections=1, deterministic=True)
-    assert _digest(ds) == _digest(wds.WebDataset(url, part_bytes=0, deterministic=True))
+    ds = _same_as_one_stream(url, max_connections=1)
     assert ds.stats()["parts"] == 0  # no helper ever got a token: no deadlock, no extra request in flight
 
 
 def test_parts_are_retried_one_by_one_at_their_own_offset(big: tuple[StoreProcess, Path]) -> None:
     store, _ = big
     urls = store.base_url + "shard-{000000..000001}.tar"
-    clean = _digest(wds.WebDataset(urls, deterministic=True, part_bytes=0))
+    clean = sample_digest(wds.WebDataset(urls, deterministic=True, part_bytes=0))
     for _ in range(5):  # the store's dice are server-wide: repeat until a part really was cut
         faulty = wds.WebDataset(urls + "?drop_rate=0.3&fail_rate=0.2", deterministic=True, part_bytes=PART,
                                 retry=RETRY)
-        assert _digest(faulty) == clean
+        assert sample_digest(faulty) == clean
         if faulty.stats()["retries"]:
             break
     assert faulty.stats()["retries"] > 0 and faulty.stats()["parts"] > 0
@@ -130,20 +124,17 @@ def test_a_slow_consumer_stops_the_parts_within_the_budget(big: tuple[StoreProce
 def test_pipe_sources_are_never_split(big: tuple[StoreProcess, Path]) -> None:
     _, root = big
     ds = wds.WebDataset(f"pipe:cat {root / 'shard-000000.tar'}", part_bytes=PART, deterministic=True)
-    assert _digest(ds)[0] > 100 and ds.stats()["parts"] == 0 and ds.stats()["requests"] == 1
+    assert sample_digest(ds)[0] > 100 and ds.stats()["parts"] == 0 and ds.stats()["requests"] == 1
 
 
 def test_local_files_are_split_like_any_store(big: tuple[StoreProcess, Path]) -> None:
     _, root = big
     path = str(root / "shard-000000.tar")
-    ds = wds.WebDataset(path, part_bytes=PART, deterministic=True)
-    assert _digest(ds) == _digest(wds.WebDataset(path, part_bytes=0, deterministic=True))
-    assert ds.stats()["parts"] > 0
+    assert _same_as_one_stream(path).stats()["parts"] > 0
 
 
 def test_a_server_that_ignores_range_is_read_in_one_stream(big: tuple[StoreProcess, Path]) -> None:
     store, _ = big
     url = store.base_url + "shard-000000.tar"
-    ds = wds.WebDataset(url + "?ignore_range=1", part_bytes=PART, deterministic=True)
-    assert _digest(ds) == _digest(wds.WebDataset(url, part_bytes=0, deterministic=True))
+    ds = _same_as_one_stream(url + "?ignore_range=1")
     assert ds.stats()["parts"] == 0 and ds.stats()["requests"] == 1  # parts would each re-read from byte 0

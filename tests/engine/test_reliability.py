@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -13,31 +12,19 @@ import pytest
 
 import wds_async as wds
 from benchmarks.store_process import StoreProcess
+from tests.conftest import sample_digest
 from wds_async.backends.base import ByteStream, ObjectIdentity
 from wds_async.backends.file import FileBackend
 
 RETRY = wds.RetryPolicy(attempts=40, base_delay=0.0, max_delay=0.01)
 
 
-def _digest(ds: wds.WebDataset) -> tuple[int, str]:
-    """Sample count and one hash over every sample's key and fields, in delivery order."""
-    h = hashlib.sha256()
-    n = 0
-    for s in ds:
-        n += 1
-        for k in sorted(s):
-            if k != "__url__":
-                h.update(k.encode())
-                h.update(s[k] if isinstance(s[k], bytes) else str(s[k]).encode())
-    return n, h.hexdigest()
-
-
 def test_faults_deliver_the_same_samples_as_a_clean_run(store: StoreProcess, pattern: str) -> None:
-    clean = _digest(wds.WebDataset(pattern, deterministic=True))
+    clean = sample_digest(wds.WebDataset(pattern, deterministic=True))
     faulty = wds.WebDataset(pattern + "?drop_rate=0.05&fail_rate=0.05", deterministic=True, retry=RETRY)
-    assert _digest(faulty) == clean
+    assert sample_digest(faulty) == clean
     heavy = wds.WebDataset(pattern + "?drop_rate=0.4&fail_rate=0.3", deterministic=True, retry=RETRY)
-    assert _digest(heavy) == clean
+    assert sample_digest(heavy) == clean
     assert heavy.stats()["retries"] > 0
 
 
@@ -48,13 +35,13 @@ def test_gzipped_shard_resumes_mid_stream(tmp_path: Path) -> None:
     make_shards(tmp_path, n_shards=2, shard_bytes=256 << 10, sample_bytes=8 << 10, seed=3, gz=True)
     with StoreProcess(tmp_path, Knobs()) as server:
         urls = server.base_url + "shard-{000000..000001}.tar.gz"
-        clean = _digest(wds.WebDataset(urls, deterministic=True))
+        clean = sample_digest(wds.WebDataset(urls, deterministic=True))
         assert clean[0] > 0
         # The store's fault dice are server-wide, so "no drop at all" (about 1 run in 100 with two shards)
         # can happen: repeat until a drop really happened, checking every run.
         for _ in range(5):
             faulty = wds.WebDataset(urls + "?drop_rate=0.9", deterministic=True, retry=RETRY)
-            assert _digest(faulty) == clean
+            assert sample_digest(faulty) == clean
             if faulty.stats()["retries"] > 0:
                 break
         assert faulty.stats()["retries"] > 0
@@ -64,7 +51,7 @@ def test_stalled_connections_are_resumed(store: StoreProcess, pattern: str, mani
     # 60% of requests stall for 60 s after half their body; 8 shards make "no stall at all" a 1-in-1500 event.
     ds = wds.WebDataset(pattern + "?stall=60&stall_rate=0.6", read_timeout=0.3, retry=RETRY, deterministic=True)
     started = time.monotonic()
-    assert _digest(ds) == _digest(wds.WebDataset(pattern, deterministic=True))
+    assert sample_digest(ds) == sample_digest(wds.WebDataset(pattern, deterministic=True))
     assert time.monotonic() - started < 45  # never waits out a 60 s stall
     assert ds.stats()["retries"] > 0
 
