@@ -92,7 +92,13 @@ def _finish(result: dict[str, Any], started: float, cpu0: float, baseline: int) 
     wall = time.perf_counter() - started
     cpu = time.process_time() - cpu0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    result.update(wall_s=wall, cpu_s=cpu, peak_above_baseline=max(0, peak - baseline), baseline_rss=baseline)
+    result.update(wall_s=wall, cpu_s=cpu, peak_above_baseline=max(0, peak - baseline), baseline_rss=baseline,
+                  peak_rss=peak)
+    seen = result.pop("_seen", None)
+    if seen is not None:
+        from .peers.runners._common import keys_digest, sample_name
+
+        result["keys_digest"] = keys_digest(sample_name(url, key) for url, key in seen)
     return result
 
 
@@ -133,7 +139,9 @@ def _phase_raw(urls: list[str], connections: int, reporter: _Reporter) -> dict[s
 
 
 def _consume(ds: Any, reporter: _Reporter, nbytes: Callable[[], int | None]) -> tuple[dict[str, Any], float, float]:
-    """Iterate ``ds`` to the end; count samples and distinct ``(url, key)`` pairs."""
+    """Iterate ``ds`` to the end; count samples and distinct ``(url, key)`` pairs, and hash their names
+    as the peers' runners do (``keys_digest``, in :func:`_finish`, after the clock stops), so a peer's
+    samples can be checked against these."""
     seen: set[tuple[str, str]] = set()
     samples = 0
     started, cpu0 = time.perf_counter(), time.process_time()
@@ -143,7 +151,7 @@ def _consume(ds: Any, reporter: _Reporter, nbytes: Callable[[], int | None]) -> 
         seen.add((sample["__url__"], sample["__key__"]))
         if samples % 64 == 0 and reporter.due():  # the clock is read once per 64 samples
             reporter.write(nbytes(), samples)
-    return {"samples": samples, "unique": len(seen)}, started, cpu0
+    return {"samples": samples, "unique": len(seen), "_seen": seen}, started, cpu0
 
 
 def _phase_loader(urls: list[str], connections: int | str, max_buffered_bytes: int | None,
@@ -205,7 +213,9 @@ def _run_phase(phase: str, urls: list[str], connections: int, max_buffered_bytes
 
 def run_bench(urls: list[str], *, connections: int = 16, vs_webdataset: bool = False,
               max_buffered_bytes: int | None = None, faults: str | None = None,
-              timeout: float = 1800, status: Status | None = None, autotune: bool = True) -> list[dict[str, Any]]:
+              timeout: float = 1800, status: Status | None = None, autotune: bool = True,
+              peers: Sequence[str] = (), endpoint: str | None = None, ca_file: str | None = None,
+              peer_status: Callable[[str, float], None] | None = None) -> list[dict[str, Any]]:
     """Run the phases and return one row per phase, with derived rates and ratios.
 
     ``autotune`` adds a loader phase with ``max_connections="auto"`` (its row names the concurrency the
@@ -214,6 +224,11 @@ def run_bench(urls: list[str], *, connections: int = 16, vs_webdataset: bool = F
     reads fault knobs from the query, e.g. ``drop_rate=0.05&fail_rate=0.05``); its row reports the
     throughput as a ratio to the clean loader run (``vs_clean``). ``status``, when given, is called
     about every 0.25 s while a phase runs, with its name, elapsed seconds and progress so far.
+
+    ``peers`` (names from :data:`wds_async.peers.PEERS`) adds each peer's rows after ours, measured by
+    its own client on the same shards (``urls`` must then be ``s3://``; ``endpoint`` is the store's base
+    URL, ``ca_file`` the CA it must trust); every row then carries ``kind``, ``peer`` and, from
+    :func:`wds_async.peers._report.add_ratios`, ``vs_fastest_raw``.
     """
     rows: list[dict[str, Any]] = []
     name = f"raw download ({connections} conns)"
@@ -253,6 +268,18 @@ def run_bench(urls: list[str], *, connections: int = 16, vs_webdataset: bool = F
     for row in rows:
         if row.get("faults"):
             row["vs_clean"] = row["mb_s"] / loader["mb_s"]
+        row["kind"] = "raw" if row is raw else "loader"
+        row["peer"] = "wds-async" if row["name"].startswith("wds-async") else row["name"].split()[0]
+    if peers:
+        from .peers._report import add_ratios
+        from .peers._run import run_peers
+
+        exact = loader["unique"] == loader["samples"]
+        rows += run_peers(list(urls), list(peers), connections=connections, endpoint=endpoint, ca_file=ca_file,
+                          expected_samples=loader["samples"] if exact else None,
+                          expected_digest=loader.get("keys_digest") if exact else None, timeout=timeout,
+                          status=peer_status)
+        add_ratios(rows)
     return rows
 
 
@@ -298,6 +325,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(emulated store knobs, e.g. 'drop_rate=0.05&fail_rate=0.05')")
     parser.add_argument("--no-auto", dest="autotune", action="store_false",
                         help="skip the loader phase with max_connections='auto'")
+    parser.add_argument("--peers", metavar="NAMES", help="also run these tools on the same shards, each with "
+                        "its own client: any of s5cmd,gsutil,boto3,webdataset,s3torchconnector,mosaic,litdata "
+                        "(or 'all'); the shard URLs must then be s3://")
+    parser.add_argument("--endpoint", metavar="URL", help="the S3-compatible store's base URL (sets "
+                        "AWS_ENDPOINT_URL_S3 for every phase; the emulated store also serves GCS there)")
+    parser.add_argument("--ca-file", metavar="PEM", help="the CA certificate an https endpoint is signed with "
+                        "(every client is told to trust it)")
+    parser.add_argument("--plot", metavar="FILE.png", help="with --peers: a bar chart of the table")
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     parser.add_argument("--progress", action="store_true", help="show the live status line even when stderr "
                         "is not a terminal")
@@ -310,6 +345,21 @@ def command(args: argparse.Namespace) -> int:
     from .urls import expand_urls
 
     urls = expand_urls(args.urls)
+    peers: list[str] = []
+    if args.peers:
+        from .peers import peer_names
+        from .peers._run import store_urls
+
+        try:
+            peers = peer_names(args.peers)
+            store_urls(urls, args.endpoint)  # checks the URLs before any phase starts
+        except ValueError as exc:
+            print(f"wds-async bench: error: {exc}", file=sys.stderr)
+            return 2
+    if args.endpoint:
+        os.environ["AWS_ENDPOINT_URL_S3"] = args.endpoint  # our phases' subprocesses inherit it
+    if args.ca_file:
+        os.environ["SSL_CERT_FILE"] = os.path.abspath(args.ca_file)
     print(f"bench: {len(urls)} shards, {args.connections} connections", flush=True)
     console, shown = progress_console(args.progress)
     line = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
@@ -327,10 +377,23 @@ def command(args: argparse.Namespace) -> int:
         line.update(task, so_far="  ".join(so_far))
 
     with line:
+        def peer_status(name: str, elapsed: float) -> None:
+            status(name, elapsed, None, None)
+
         rows = run_bench(urls, connections=args.connections, vs_webdataset=args.vs_webdataset,
                          max_buffered_bytes=args.max_buffered_bytes, faults=args.faults,
-                         status=status if shown else None, autotune=args.autotune)
-    print(format_table(rows))
+                         status=status if shown else None, autotune=args.autotune, peers=peers,
+                         endpoint=args.endpoint, ca_file=os.path.abspath(args.ca_file) if args.ca_file else None,
+                         peer_status=peer_status if shown else None)
+    if peers:
+        from .peers._report import format_peers_table, plot_peers
+
+        print(format_peers_table(rows, args.connections))
+        if args.plot:
+            plot_peers(rows, args.plot, f"{len(urls)} shards, {args.connections} connections")
+            print(f"plot: {args.plot}")
+    else:
+        print(format_table(rows))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=2)

@@ -1,0 +1,118 @@
+"""What every peer runner shares: reading its job, timing the measured region, printing its result.
+
+A runner is a standalone script, started as ``PYTHON RUNNER.py JOB.json`` by ``wds-async bench --peers``
+with the peer's own interpreter (this one, or a virtual environment made for a peer whose pins conflict
+with ours). So nothing here imports ``wds_async``; a runner imports this file by path.
+
+The job (JSON):
+
+* ``peer``, ``mode`` (``"defaults"`` or ``"best"``), ``connections`` (the raw tools' concurrency);
+* ``urls``: the tar shards as ``s3://BUCKET/KEY`` (``gs_urls``: the same objects as ``gs://``,
+  ``http_urls``: as plain http(s) URLs on the store, when it serves them);
+* ``endpoint``: the store's base URL (``http(s)://127.0.0.1:PORT``), or null for the real cloud;
+  ``ca_file``: the PEM the client must trust for https, or null;
+* ``workdir``: a scratch folder the runner may fill (removed afterwards);
+* ``dataset``: for a loader that reads its own format, where the converted copy lives (``s3://...``);
+* ``expected``: ``{"samples": N, "bytes": B}`` when known;
+* ``action``: ``"run"`` (measure), or ``"prepare"`` for a loader that reads its own format: convert
+  the tar shards in the local folder ``source_dir`` (the same objects as ``urls``, downloaded once) to
+  that format and upload the result under ``dataset``, writing the object ``DATASET/_wds_async_ready``
+  last (the orchestrator skips ``prepare`` when that object exists).
+
+The result is the last line of stdout, one JSON object:
+``{"bytes", "samples", "seconds", "cpu_s", "peak_rss", "keys_digest", "settings", "error"}``, where
+``seconds`` and ``cpu_s`` cover only the measured region (imports, listing and the conversion are not
+in it), ``cpu_s`` counts this process and the children it waited for (s5cmd, DataLoader workers), and
+``peak_rss`` is the larger of this process's and any waited child's peak resident set, in bytes.
+``keys_digest`` is :func:`keys_digest` over every sample's ``SHARD/KEY`` name: equal digests and
+counts mean the same samples, each once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from typing import Any
+
+__all__ = ["Timer", "keys_digest", "load_job", "run", "sample_name"]
+
+
+def load_job() -> dict[str, Any]:
+    """The job the runner was started with (``argv[1]`` is its JSON file)."""
+    if len(sys.argv) != 2:
+        raise SystemExit(f"usage: {sys.argv[0]} JOB.json")
+    with open(sys.argv[1]) as fh:
+        return json.load(fh)  # type: ignore[no-any-return]
+
+
+def _cpu() -> float:
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def peak_rss() -> int:
+    """Bytes: the peak resident set of this process or of the largest child it has waited for."""
+    me = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return max(me, kids) * 1024
+
+
+class Timer:
+    """The measured region: ``with Timer() as t: ...`` then ``t.seconds`` and ``t.cpu_s``."""
+
+    seconds: float = 0.0
+    cpu_s: float = 0.0
+
+    def __enter__(self) -> Timer:
+        self._t0, self._c0 = time.perf_counter(), _cpu()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.perf_counter() - self._t0
+        self.cpu_s = _cpu() - self._c0
+
+
+def sample_name(shard_url: str, key: str) -> str:
+    """``SHARD/KEY``: the shard's file name and the sample's WebDataset key."""
+    return f"{shard_url.rstrip('/').rsplit('/', 1)[-1]}/{key}"
+
+
+def keys_digest(names: Iterable[str]) -> str:
+    """One hash over the sorted sample names (duplicates included, so a repeat changes it)."""
+    h = hashlib.sha256()
+    for name in sorted(names):
+        h.update(name.encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def run(measure: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """Load the job, call ``measure(job)`` and print its result as the last stdout line.
+
+    ``measure`` returns at least ``bytes``, ``samples``, ``seconds`` and ``cpu_s`` (from a
+    :class:`Timer`); ``settings`` (what was tuned, in words) and ``keys_digest`` when it has them. An
+    exception becomes ``{"error": ...}`` with exit status 1, so the table can say why.
+    """
+    job = load_job()
+    try:
+        result = measure(job)
+    except BaseException as exc:  # noqa: BLE001 - reported, not swallowed: exit status 1
+        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        print(traceback.format_exc(), file=sys.stderr)
+        print(json.dumps({"error": detail[-2000:], "peak_rss": peak_rss()}))
+        sys.stdout.flush()
+        os._exit(1)  # a peer's stuck threads must not keep the process alive
+    result.setdefault("peak_rss", peak_rss())
+    result.setdefault("keys_digest", None)
+    result.setdefault("settings", "")
+    result.setdefault("error", None)
+    print(json.dumps(result))
+    sys.stdout.flush()
+    os._exit(0)  # likewise: report and leave, whatever threads a peer left behind
