@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -91,7 +90,9 @@ def _rss() -> int:
 def _finish(result: dict[str, Any], started: float, cpu0: float, baseline: int) -> dict[str, Any]:
     wall = time.perf_counter() - started
     cpu = time.process_time() - cpu0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    from .peers.runners._common import own_peak_rss
+
+    peak = own_peak_rss()  # not ru_maxrss, which Linux carries over from the parent across exec
     result.update(wall_s=wall, cpu_s=cpu, peak_above_baseline=max(0, peak - baseline), baseline_rss=baseline,
                   peak_rss=peak)
     seen = result.pop("_seen", None)
@@ -269,6 +270,7 @@ def run_bench(urls: list[str], *, connections: int = 16, vs_webdataset: bool = F
         if row.get("faults"):
             row["vs_clean"] = row["mb_s"] / loader["mb_s"]
         row["kind"] = "raw" if row is raw else "loader"
+        row["connections"] = connections if row is raw else row.get("concurrency", connections)
         row["peer"] = "wds-async" if row["name"].startswith("wds-async") else row["name"].split()[0]
     if peers:
         from .peers._report import add_ratios

@@ -51,11 +51,11 @@ def test_bench_peers_smoke(bucket_store: tuple[StoreProcess, list[str]], aws_env
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out_json.read_text())
     by_name = {r["name"]: r for r in rows}
-    assert {"s5cmd", "boto3", "webdataset (defaults)", "webdataset (best)"} <= set(by_name), list(by_name)
+    assert {"s5cmd", "boto3 (defaults)", "boto3 (best)", "webdataset (defaults)", "webdataset (best)"} <= set(by_name), list(by_name)
     for row in rows:
         assert not row.get("error"), row
         assert row["mb_s"] > 0 and row["vs_fastest_raw"] > 0, row
-    for name in ("s5cmd", "boto3", "webdataset (defaults)", "webdataset (best)"):
+    for name in ("s5cmd", "boto3 (defaults)", "boto3 (best)", "webdataset (defaults)", "webdataset (best)"):
         assert by_name[name]["exactly_once"] == "yes", by_name[name]
     ours = by_name["wds-async (4 conns)"]
     assert ours["samples"] == by_name["webdataset (defaults)"]["samples"]
@@ -88,7 +88,7 @@ def test_a_missing_peer_is_a_row_with_the_install_command(bucket_store: tuple[St
 
 @pytest.mark.parametrize(("body", "expected"), [
     ("raise RuntimeError('the store said no')", "RuntimeError: the store said no"),
-    ("import sys; sys.exit(3)", "runner exited 3 without a result"),
+    ("import os; os._exit(3)", "runner exited 3 without a result"),
 ])
 def test_a_failing_runner_is_a_row_with_the_reason(bucket_store: tuple[StoreProcess, list[str]], aws_env: str,
                                                    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, body: str,

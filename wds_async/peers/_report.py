@@ -15,7 +15,9 @@ __all__ = ["add_ratios", "format_peers_table", "plot_peers"]
 
 def add_ratios(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Set ``vs_fastest_raw`` on every measured row; return the fastest raw row (None if none ran)."""
-    raw = [r for r in rows if r.get("kind") == "raw" and not r.get("error")]
+    equal = {r["connections"] for r in rows if r.get("peer") == "raw" and r.get("connections")}
+    raw = [r for r in rows if r.get("kind") == "raw" and not r.get("error")
+           and (not equal or r.get("connections") in equal)]  # "at equal connections"
     fastest = max(raw, key=lambda r: r["mb_s"], default=None)
     for r in rows:
         if not r.get("error") and fastest is not None:
@@ -30,7 +32,7 @@ def _num(value: float | None, fmt: str) -> str:
 def format_peers_table(rows: list[dict[str, Any]], connections: int) -> str:
     """The table ``bench --peers`` prints (and the README shows)."""
     fastest = add_ratios(rows)
-    header = (f"{'':<28}{'MB/s':>8}{'samples/s':>11}{'CPU s/GB':>10}{'peak RSS MB':>13}"
+    header = (f"{'':<28}{'conns':>6}{'MB/s':>8}{'samples/s':>11}{'CPU s/GB':>10}{'peak RSS MB':>13}"
               f"{'vs fastest raw':>16}  exactly once")
     lines = [header, "-" * len(header)]
     for kind, title in (("raw", "raw copy"), ("loader", "loaders")):
@@ -42,7 +44,7 @@ def format_peers_table(rows: list[dict[str, Any]], connections: int) -> str:
                 reason = textwrap.shorten(str(r["error"]).replace("\n", " "), 150)
                 lines.append(f"  {r['name']:<26}{'did not run: ' + reason}")
                 continue
-            lines.append(f"  {r['name']:<26}{r['mb_s']:>8.1f}{_num(r.get('samples_s'), '.0f'):>11}"
+            lines.append(f"  {r['name']:<26}{r.get('connections') or '-':>6}{r['mb_s']:>8.1f}{_num(r.get('samples_s'), '.0f'):>11}"
                          f"{_num(r.get('cpu_s_per_gb'), '.2f'):>10}{r['peak_rss'] / 1e6:>13.0f}"
                          f"{_num(r.get('vs_fastest_raw'), '.2f'):>16}  {r.get('exactly_once', '-')}")
     if fastest is not None:

@@ -66,7 +66,9 @@ class PeerJob:
         self.status = status
         self.log = log or (lambda text: print(text, file=sys.stderr, flush=True))
         self.names = store_urls(urls, endpoint)
-        self.sizes = _sizes(urls)
+        # Our own requests (sizes, the one-time copy for a conversion) trust the same CA as the peers.
+        self.options = {"ca_file": ca_file} if ca_file else None
+        self.sizes = _sizes(urls, self.options)
         self.total_bytes = sum(self.sizes)
 
     # -- the environment a runner starts with -------------------------------------------------------
@@ -120,16 +122,16 @@ class PeerJob:
 
     def _prepare(self, peer: Peer, python: str) -> str:
         dataset = self.dataset_url(peer)
-        if _exists(f"{dataset}/{READY}"):
+        if _exists(f"{dataset}/{READY}", self.options):
             return dataset
         self.log(f"{peer.name}: converting the shards to its format once, into {dataset}")
         with tempfile.TemporaryDirectory(prefix="wds-peers-src-") as source:
-            _download(self.urls, source, self.connections)
+            _download(self.urls, source, self.connections, self.options)
             result = self._runner(peer, python, {"action": "prepare", "mode": "defaults", "dataset": dataset,
                                                  "source_dir": source})
         if result.get("error"):
             raise _Unavailable(f"preparing its copy failed: {result['error']}")
-        if not _exists(f"{dataset}/{READY}"):
+        if not _exists(f"{dataset}/{READY}", self.options):
             raise _Unavailable(f"its prepare step did not write {dataset}/{READY}")
         return dataset
 
@@ -158,12 +160,16 @@ class PeerJob:
             tail = " | ".join(stderr.strip().splitlines()[-3:])
             return {"error": f"runner exited {proc.returncode} without a result: {tail[-600:]}"}
         result: dict[str, Any] = json.loads(lines[-1])
+        result["tree_rss"] = self.tree_rss
         if proc.returncode != 0 and not result.get("error"):
             result["error"] = f"runner exited {proc.returncode}"
         return result
 
     def _wait(self, proc: subprocess.Popen[str], label: str, started: float) -> str | None:
+        """Wait for the runner; meanwhile sample its process tree's memory (``tree_rss``) 4 times a second."""
+        self.tree_rss = 0
         while True:
+            self.tree_rss = max(self.tree_rss, _tree_rss(proc.pid))
             try:
                 out, _ = proc.communicate(timeout=0.25)
                 return out
@@ -185,11 +191,15 @@ class PeerJob:
         seconds = float(result["seconds"])
         nbytes = result.get("bytes") or self.total_bytes
         samples = result.get("samples")
+        # Memory: the larger of the runner's own report (its peak RSS, or its largest waited child's) and
+        # the PSS summed over its process tree, sampled 4 times a second (what DataLoader workers hold together).
         row.update(bytes=nbytes, samples=samples, wall_s=seconds, cpu_s=float(result["cpu_s"]),
-                   peak_rss=int(result.get("peak_rss") or 0), mb_s=nbytes / seconds / 1e6,
+                   peak_rss=max(int(result.get("peak_rss") or 0), int(result.get("tree_rss") or 0)),
+                   mb_s=nbytes / seconds / 1e6,
                    samples_s=samples / seconds if samples is not None else None,
                    cpu_s_per_gb=float(result["cpu_s"]) / (nbytes / 1e9) if nbytes else None)
         row["exactly_once"] = self._exactly_once(peer, result)
+        row["connections"] = int(result.get("connections") or self.connections)
         return row
 
     def _exactly_once(self, peer: Peer, result: dict[str, Any]) -> str:
@@ -218,6 +228,29 @@ def _scratch_root() -> str | None:
     return shm if free > 4 << 30 else None
 
 
+def _tree_rss(pid: int) -> int:
+    """Bytes resident in process ``pid`` and all its descendants now (0 once it is gone): the sum of their
+    PSS (shared pages split between the sharers, so forked workers' common torch is not counted 8 times),
+    or of their RSS where PSS cannot be read."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_full_info().pss
+        except (psutil.Error, AttributeError):
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                pass
+    return total
+
+
 def _kill_group(proc: subprocess.Popen[str]) -> None:
     try:
         os.killpg(proc.pid, 9)
@@ -230,13 +263,13 @@ def _run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
-def _sizes(urls: list[str]) -> list[int]:
+def _sizes(urls: list[str], options: dict[str, Any] | None) -> list[int]:
     """Every shard's size, through the loader's own backends (so the same credentials and endpoint)."""
     from ..config import EngineConfig
     from ..engine import BackendSet
 
     async def sizes() -> list[int]:
-        backends = BackendSet(EngineConfig())
+        backends = BackendSet(EngineConfig(), options=options)
         try:
             out = []
             for url in urls:
@@ -251,13 +284,13 @@ def _sizes(urls: list[str]) -> list[int]:
     return _run(sizes())  # type: ignore[no-any-return]
 
 
-def _exists(url: str) -> bool:
+def _exists(url: str, options: dict[str, Any] | None) -> bool:
     from ..config import EngineConfig
     from ..engine import BackendSet
     from ..errors import NotFound
 
     async def probe() -> bool:
-        backends = BackendSet(EngineConfig())
+        backends = BackendSet(EngineConfig(), options=options)
         try:
             return await backends.for_url(url).size(url) is not None
         except NotFound:
@@ -268,14 +301,14 @@ def _exists(url: str) -> bool:
     return _run(probe())  # type: ignore[no-any-return]
 
 
-def _download(urls: list[str], folder: str, connections: int) -> None:
+def _download(urls: list[str], folder: str, connections: int, options: dict[str, Any] | None) -> None:
     """Copy the shards into ``folder`` (their file names), for a peer's one-time conversion."""
     from .._compat import TaskGroup
     from .._rawread import raw_backends
 
     async def copy_all() -> None:
         pending = iter(urls)
-        async with raw_backends(connections) as backends:
+        async with raw_backends(connections, options) as backends:
 
             async def worker() -> None:
                 for url in pending:

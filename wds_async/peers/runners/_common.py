@@ -25,7 +25,9 @@ The result is the last line of stdout, one JSON object:
 in it), ``cpu_s`` counts this process and the children it waited for (s5cmd, DataLoader workers), and
 ``peak_rss`` is the larger of this process's and any waited child's peak resident set, in bytes.
 ``keys_digest`` is :func:`keys_digest` over every sample's ``SHARD/KEY`` name: equal digests and
-counts mean the same samples, each once.
+counts mean the same samples, each once. A runner whose tool opened more connections at once than the
+job's ``connections`` (boto3's TransferManager splits an object into parts on its own) says so in
+``"connections"``; its row is then not a candidate for "the fastest raw copy at equal connections".
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["Timer", "keys_digest", "load_job", "run", "sample_name"]
+__all__ = ["Timer", "keys_digest", "load_job", "own_peak_rss", "peak_rss", "run", "sample_name"]
 
 
 def load_job() -> dict[str, Any]:
@@ -57,11 +59,26 @@ def _cpu() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+def own_peak_rss() -> int:
+    """Bytes: this process's peak resident set since it started its program.
+
+    ``VmHWM`` from /proc, not ``ru_maxrss``: Linux carries ``ru_maxrss`` across ``execve``, so a
+    process started by a big parent (a benchmark that imported torch) would report the parent's peak.
+    """
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def peak_rss() -> int:
     """Bytes: the peak resident set of this process or of the largest child it has waited for."""
-    me = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return max(me, kids) * 1024
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    return max(own_peak_rss(), kids)
 
 
 class Timer:
