@@ -1,4 +1,4 @@
-"""An emulated object store: a lean aiohttp server that serves one folder read-only over loopback.
+"""An emulated object store: a lean aiohttp server that serves one folder over loopback, three ways.
 
 It stands in for S3/GCS/Azure in tests and benchmarks, with faults and slowness injected by knobs::
 
@@ -7,104 +7,96 @@ It stands in for S3/GCS/Azure in tests and benchmarks, with faults and slowness 
 
     with StoreProcess(root, knobs=Knobs(fail_rate=0.1)) as store:
         store.url("shard-000000.tar", ttfb=0.05, bw=20e6)   # per-request overrides in the query
+        boto3.client("s3", endpoint_url=store.s3_endpoint, ...)            # the S3 face
+        storage.Client(client_options={"api_endpoint": store.gcs_endpoint})  # the GCS face
+
+**Plain face**: ``GET/HEAD /path`` serves ROOT/path (Range, ``If-Match``, ``If-None-Match``, ETag);
+``GET /?list`` or ``/?prefix=P`` lists every file as JSON. An unknown query parameter is a 400, so a typo
+never passes silently.
+
+**S3 face** (path style, ``http(s)://127.0.0.1:PORT/BUCKET/KEY``): bucket B, key K is the file ROOT/B/K
+(a key's ``/`` are subfolders). A request is S3's when it is signed (``Authorization``, ``X-Amz-*`` query
+parameters, ``x-amz-*`` headers), carries one of S3's query parameters (``list-type``, ``uploads``,
+``x-id``, ...), or writes (PUT, POST, DELETE). Signatures are never checked and S3's other parameters
+are ignored, knobs are still read. Served: GetObject/HeadObject, ListObjectsV2 and ListObjects (sorted,
+paginated, ``delimiter``, ``encoding-type=url``), ListBuckets, HeadBucket, GetBucketLocation
+(us-east-1), CreateBucket, DeleteBucket, PutObject (plain or ``aws-chunked`` bodies, signed or with
+trailing checksums), DeleteObject(s), and multipart uploads (create, parts, complete, abort, list).
+Errors are S3's XML (``NoSuchKey``, ``NoSuchBucket``, ...; no body on HEAD), on the plain face too.
+
+**GCS face** (the JSON API, ``/storage/v1/...``, as google-cloud-storage and gsutil call it): bucket
+list/get/insert/delete, object metadata (``generation`` is the file's mtime in ns, ``md5Hash`` and
+``crc32c`` are computed once per file version, off the loop), listing (``prefix``, ``delimiter``,
+``maxResults``, ``pageToken``, ``startOffset``, ``endOffset``), media downloads (``?alt=media`` on the
+object, or ``/download/storage/v1/...``) with ``x-goog-hash`` and ``x-goog-generation``, the
+``generation``/``ifGenerationMatch`` family of conditions, delete, and uploads of ``uploadType=media``,
+``multipart`` and ``resumable`` (308 ``Range: bytes=0-N`` between chunks). Errors are GCS's JSON.
+A top folder named ``storage``, ``download`` or ``upload`` is therefore not reachable as ``/storage/v1/...``.
 
 Server knobs (`Knobs`, CLI flags, and query parameters of the same names): ``ttfb``, ``bw``,
 ``total_bw`` (server-wide only), ``fail_rate``, ``drop_rate``, ``ignore_range``, ``seed``, and
-``max_concurrent``: an object request that arrives while that many requests are being served (from
-arrival until the last byte is written) is answered at once with S3's ``503 SlowDown`` and
-``Retry-After: 1``, counted as ``throttled``. In a query it is the limit that one request is judged by.
-Per-request only: ``status`` (force a status), ``stall`` (pause after half the body; with
-``stall_rate`` only that fraction of requests stalls), ``html``
-(answer 200 with an HTML error page). An unknown query parameter is a 400, so a typo never passes
-silently. GETs honour ``If-Match`` (412 on another ETag). ``GET /?list`` or ``/?prefix=P`` lists names as JSON; ``GET /_stats`` returns counters
-(``requests``, ``throttled``, ``active``, ``peak_active``, ...) at any moment, uncounted and never throttled.
+``max_concurrent``: an object read (GET/HEAD of an object, or a GCS media download) that arrives while
+that many requests are being served (from arrival until the last byte is written) is answered at once
+with ``503 SlowDown`` (S3's XML, or GCS's JSON on that face) and ``Retry-After: 1``, counted as
+``throttled``. In a query it is the limit that one request is judged by. Per-request only: ``status``
+(force a status), ``stall`` (pause after half the body; with ``stall_rate`` only that fraction of
+requests stalls), ``html`` (answer 200 with an HTML error page). Listings and metadata get ``ttfb`` and
+the faults but are never refused by ``max_concurrent`` nor paced by ``bw``. Writes get no knob at all:
+only the reading path is what a benchmark measures. ``GET /_stats`` returns counters (``requests``,
+``bytes_sent``, ``bytes_received`` (object bytes written), ``throttled``, ``active``, ``peak_active``,
+``cpu_s`` (this process's user+system CPU seconds), ...) at any moment, uncounted and never throttled.
 
 ``--https`` serves TLS with a certificate for 127.0.0.1 and localhost, issued at start by a throwaway
 CA (trustme); the CA's PEM is written to ``--cert-dir``/ca.pem. ``SSL_CERT_FILE=<that file>`` in the
 environment a client starts with makes aiohttp (so wds-async) and curl trust it; boto3 reads
-``AWS_CA_BUNDLE`` instead.
+``AWS_CA_BUNDLE`` instead, requests (so google-cloud-storage) ``REQUESTS_CA_BUNDLE``.
 
 Files are memory-mapped once and served as memoryview slices; a file rewritten in place while
-mapped is undefined (write a new file and rename it over the old one, as ``make_shards`` does).
+mapped is undefined (write a new file and rename it over the old one, as ``make_shards`` does). The
+store's own writes do so: the body goes to a hidden ``.wds-tmp-*`` file beside the target, renamed over
+it when complete; multipart parts and resumable sessions wait in ROOT/.wds-uploads. Names starting with
+``.wds-`` are never listed nor served.
+
+One job per module, imported downward only (this entry point imports the faces, the faces the layers
+under them): ``store`` routes a request to its face, applies its knobs and answers ``/_stats``;
+``store_knobs`` holds `Knobs` and one request's plan; ``store_http`` routed calls, error answers and
+request bodies; ``store_objects`` the file layer; ``store_listing`` sorted pages of keys;
+``store_serve`` the paced GET/HEAD of an object; ``store_s3`` and ``store_s3_wire`` the S3 and plain
+faces; ``store_gcs``, ``store_gcs_json`` and ``store_gcs_upload`` the GCS face.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
-import email.utils
 import ipaddress
 import logging
-import math
-import mmap
 import os
 import random
+import resource
 import signal
 import ssl
-import stat
-import tempfile
 import sys
+import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
+from benchmarks.store_gcs import GCS_ROOTS, Gcs
+from benchmarks.store_gcs_json import gcs_error
+from benchmarks.store_http import CONTINUED, OBJECT, WRITE, StoreError, expects_continue
+from benchmarks.store_knobs import Knobs, Plan, plan_for
+from benchmarks.store_objects import Files
+from benchmarks.store_s3 import S3, S3_QUERY, S3_UNSUPPORTED
+from benchmarks.store_s3_wire import SLOW_DOWN_XML, s3_error
+from benchmarks.store_serve import Sender
+
 __all__ = ["CA_FILE", "Knobs", "check_host", "main", "server_tls", "start_store"]
 
-_REPO_ROOT = str(Path(__file__).resolve().parent.parent)
-_LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
-_MIN_CHUNK = 64 << 10
-_MAX_CHUNK = 256 << 10
-_PER_REQUEST = frozenset({"status", "stall", "stall_rate", "html"})
-_LISTING = frozenset({"list", "prefix"})
-_TRUE = frozenset({"", "1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
-_TYPES = {".tar": "application/x-tar", ".gz": "application/gzip", ".json": "application/json"}
-_INT_PARAMS = frozenset({"seed", "status", "max_concurrent"})
-_SLOW_DOWN = ('<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
-              "<Message>Please reduce your request rate.</Message></Error>")
 CA_FILE = "ca.pem"
-
-
-@dataclasses.dataclass(frozen=True)
-class Knobs:
-    """How the store misbehaves. Validated at construction; every default means "behave well"."""
-
-    ttfb: float = 0.0  # seconds before the response headers are sent
-    bw: float = 0.0  # bytes/s per response, 0 = unlimited
-    total_bw: float = 0.0  # bytes/s shared by every response of the server, 0 = unlimited
-    fail_rate: float = 0.0  # probability of "503 Slow Down" with Retry-After: 0
-    drop_rate: float = 0.0  # probability that the body is cut short and the connection closed
-    ignore_range: bool = False  # answer 200 with the whole object even when Range is sent
-    seed: int | None = None  # RNG seed for the fault decisions; None = random per server
-    max_concurrent: int = 0  # requests served at once before "503 SlowDown" answers, 0 = no limit
-
-    def __post_init__(self) -> None:
-        for name in ("ttfb", "bw", "total_bw", "fail_rate", "drop_rate"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        for name in ("fail_rate", "drop_rate"):
-            if getattr(self, name) > 1:
-                raise ValueError(f"{name} is a probability, got {getattr(self, name)!r}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
-        limit = self.max_concurrent
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
-            raise ValueError(f"max_concurrent must be an int >= 0, got {limit!r}")
-
-    def to_args(self) -> list[str]:
-        """The CLI flags that reproduce these knobs (defaults are left out)."""
-        args: list[str] = []
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if value == field.default:
-                continue
-            flag = "--" + field.name.replace("_", "-")
-            args += [flag] if isinstance(value, bool) else [flag, repr(value)]
-        return args
+_LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 
 
 def check_host(host: str) -> str:
@@ -120,64 +112,39 @@ def check_host(host: str) -> str:
     return host
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Plan:
-    """One request's knobs after the query overrides."""
-
-    knobs: Knobs
-    rng: random.Random
-    status: int = 0
-    stall: float = 0.0
-    html: bool = False
-
-
-@dataclasses.dataclass(slots=True)
-class _Object:
-    size: int
-    mtime_ns: int
-    view: memoryview
-    etag: str
-    last_modified: str
-
-
-class _SharedClock:
-    """A reservation clock for ``total_bw``: each chunk books the next free slot on one timeline."""
-
-    def __init__(self, rate: float) -> None:
-        self.rate = rate
-        self._free_at = 0.0
-
-    def reserve(self, now: float, nbytes: int) -> float:
-        self._free_at = max(self._free_at, now) + nbytes / self.rate
-        return self._free_at
-
-
 class _Store:
-    """The request handler and its counters; one per server."""
+    """The request handler and its request counters; one per server (bytes are counted where they
+    move: ``bytes_sent`` and ``dropped`` by the `Sender`, ``bytes_received`` by the `Files`)."""
 
     def __init__(self, root: Path, knobs: Knobs) -> None:
-        self.root = root
-        self.root_prefix = os.path.join(root, "")
         self.knobs = knobs
         self.rng = random.Random(knobs.seed)
-        self.clock = _SharedClock(knobs.total_bw) if knobs.total_bw else None
-        self.objects: dict[str, _Object] = {}
+        self.files = Files(root)
+        self.sender = Sender(knobs.total_bw)
+        self.s3 = S3(self.files, self.sender, self.request_id)
+        self.gcs = Gcs(self.files, self.sender)
         self.status = Counter[int]()
-        self.requests = self.bytes_sent = self.dropped = self.failed = self.active = 0
-        self.throttled = self.peak_active = 0
+        self.requests = self.failed = self.active = self.throttled = self.peak_active = 0
 
     def stats(self) -> dict[str, Any]:
         """Counters since start; requests for ``/_stats`` itself are not counted."""
+        usage = resource.getrusage(resource.RUSAGE_SELF)
         return {
             "requests": self.requests,
-            "bytes_sent": self.bytes_sent,
+            "bytes_sent": self.sender.bytes_sent,
+            "bytes_received": self.files.bytes_received,
             "status": {str(code): n for code, n in sorted(self.status.items())},
-            "dropped": self.dropped,
+            "dropped": self.sender.dropped,
             "failed": self.failed,
             "throttled": self.throttled,
             "active": self.active,
             "peak_active": self.peak_active,
+            "cpu_s": round(usage.ru_utime + usage.ru_stime, 6),
         }
+
+    def request_id(self) -> str:
+        """S3's ``x-amz-request-id`` for the latest request."""
+        return f"{self.requests:016X}"
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         if request.path == "/_stats":
@@ -192,223 +159,92 @@ class _Store:
         return resp
 
     async def _respond(self, request: web.BaseRequest) -> web.StreamResponse:
-        if request.method not in ("GET", "HEAD"):
-            return _text(405, "method not allowed\n", {"Allow": "GET, HEAD"})
+        face = _face(request)
         try:
-            plan = self._plan(request.query)
+            resp = await self._answer(request, face)
+        except StoreError as err:
+            resp = self._render(face, err)
+        except OSError as exc:  # the filesystem under a write or a listing (a race, a full disk)
+            resp = self._render(face, StoreError(500, "InternalError", f"the store failed: {exc}"))
+        if not resp.prepared:
+            if face == "s3":
+                resp.headers.setdefault("x-amz-request-id", self.request_id())
+            if expects_continue(request) and CONTINUED not in request:
+                # The client holds the body back until "100 Continue", which this answer never sent: a
+                # connection kept alive would read the next request's first bytes as this body.
+                resp.force_close()
+        return resp
+
+    async def _answer(self, request: web.BaseRequest, face: str) -> web.StreamResponse:
+        """Route the request, apply the knobs that its kind takes, run it."""
+        try:
+            plan = plan_for(request.query, self.knobs, self.rng, lenient=face != "plain")
         except ValueError as exc:
-            return _text(400, f"bad query: {exc}\n")
-        listing = request.path == "/" and not _LISTING.isdisjoint(request.query)
-        if not listing:
+            raise StoreError(400, "InvalidArgument", f"bad query: {exc}") from None
+        call = self.gcs.route(request) if face == "gcs" else self.s3.route(request, face)
+        if call.kind == OBJECT:
             # No await since handle() counted this request, so ``active`` includes it and no other
             # request has seen it; a refused one leaves before anything else runs.
             if plan.knobs.max_concurrent and self.active > plan.knobs.max_concurrent:
                 self.throttled += 1
-                return web.Response(status=503, reason="Slow Down", text=_SLOW_DOWN,
-                                    content_type="application/xml", headers={"Retry-After": "1"})
+                return _slow_down(face, "1")
             self.peak_active = max(self.peak_active, self.active)
+        if call.kind != WRITE:
+            early = await self._faults(plan, face)
+            if early is not None:
+                return early
+        return await call.run(request, plan)
+
+    async def _faults(self, plan: Plan, face: str) -> web.StreamResponse | None:
+        """The answer the knobs give instead of the real one (after ``ttfb``), or None."""
         if plan.knobs.ttfb:
             await asyncio.sleep(plan.knobs.ttfb)
         if plan.status:
+            if face == "gcs":
+                return gcs_error(StoreError(plan.status, "Forced", f"forced status {plan.status}"))
             return _text(plan.status, f"forced status {plan.status}\n")
         if plan.html:
             page = "<html><head><title>Error</title></head><body><h1>Service error</h1></body></html>\n"
             return web.Response(text=page, content_type="text/html")
         if plan.knobs.fail_rate and plan.rng.random() < plan.knobs.fail_rate:
             self.failed += 1
-            body = "<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
-            return web.Response(status=503, reason="Slow Down", text=body,
-                                content_type="application/xml", headers={"Retry-After": "0"})
-        if listing:
-            return web.json_response(self._list(request.query.get("prefix", "")))
-        obj = self._lookup(request.path)
-        if obj is None:
-            return _text(404, "no such key\n")
-        return await self._serve(request, obj, plan)
+            return _slow_down(face, "0")
+        return None
 
-    def _plan(self, query: Any) -> _Plan:
-        if not query:
-            return _Plan(self.knobs, self.rng)
-        overrides: dict[str, Any] = {}
-        extra: dict[str, Any] = {}
-        for key, value in query.items():
-            if key in _LISTING:
-                continue
-            if key == "total_bw":
-                raise ValueError("total_bw is shared by the whole server; set it at startup")
-            if key in ("ignore_range", "html"):
-                parsed: Any = _parse_bool(key, value)
-            elif key in _INT_PARAMS:
-                parsed = int(value)
-            elif key in _PER_REQUEST or key in _KNOB_NAMES:
-                parsed = float(value)
-            else:
-                raise ValueError(f"unknown parameter {key!r}")
-            (extra if key in _PER_REQUEST else overrides)[key] = parsed
-        knobs = dataclasses.replace(self.knobs, **overrides)  # validates
-        status = extra.get("status", 0)
-        if status and not 200 <= status <= 599:
-            raise ValueError(f"status must be 200..599, got {status}")
-        stall = extra.get("stall", 0.0)
-        if not math.isfinite(stall) or stall < 0:
-            raise ValueError(f"stall must be a finite number >= 0, got {stall}")
-        rng = random.Random(knobs.seed) if "seed" in overrides else self.rng
-        stall_rate = extra.get("stall_rate", 1.0)
-        if not 0 <= stall_rate <= 1:
-            raise ValueError(f"stall_rate must be in [0, 1], got {stall_rate}")
-        if stall and stall_rate < 1 and rng.random() >= stall_rate:
-            stall = 0.0  # this request does not stall
-        return _Plan(knobs, rng, status, stall, extra.get("html", False))
-
-    def _lookup(self, path: str) -> _Object | None:
-        """Map a URL path to a mapped file under the root, or None (missing, unsafe, not a file)."""
-        parts = path[1:].split("/")
-        if any(p in ("", ".", "..") or "\\" in p or "\0" in p for p in parts):
-            return None
-        real = os.path.realpath(os.path.join(self.root, *parts))
-        if not real.startswith(self.root_prefix):
-            return None  # a symlink that leaves the root
-        try:
-            st = os.stat(real)
-        except OSError:
-            return None
-        if not stat.S_ISREG(st.st_mode):
-            return None
-        obj = self.objects.get(real)
-        if obj is None or obj.size != st.st_size or obj.mtime_ns != st.st_mtime_ns:
-            obj = self.objects[real] = _map(real, st)
-        return obj
-
-    def _list(self, prefix: str) -> list[str]:
-        names = []
-        for dirpath, _dirs, files in os.walk(self.root):
-            for name in files:
-                full = os.path.join(dirpath, name)
-                rel = os.path.relpath(full, self.root).replace(os.sep, "/")
-                if rel.startswith(prefix) and self._lookup("/" + rel) is not None:
-                    names.append(rel)
-        return sorted(names)
-
-    async def _serve(self, request: web.BaseRequest, obj: _Object, plan: _Plan) -> web.StreamResponse:
-        size = obj.size
-        headers = {"ETag": obj.etag, "Last-Modified": obj.last_modified,
-                   "Content-Type": _TYPES.get(os.path.splitext(request.path)[1], "application/octet-stream")}
-        start, end, status = 0, size, 200
-        wanted = request.headers.get("If-Match")
-        if wanted is not None and wanted.strip() != "*" and obj.etag not in (t.strip() for t in wanted.split(",")):
-            return _text(412, "precondition failed: the object's ETag does not match If-Match\n")
-        if not plan.knobs.ignore_range:
-            headers["Accept-Ranges"] = "bytes"
-            span = _parse_range(request.headers.get("Range"), size)
-            if span == "unsatisfiable":
-                return _text(416, "range not satisfiable\n", {"Content-Range": f"bytes */{size}"})
-            if span is not None:
-                start, end, status = span[0], span[1], 206
-                headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
-        resp = web.StreamResponse(status=status, headers=headers)
-        resp.content_length = end - start
-        cut = None
-        if request.method == "GET" and end > start and plan.knobs.drop_rate:
-            if plan.rng.random() < plan.knobs.drop_rate:
-                cut = start + plan.rng.randrange(end - start)
-        stall_at = start + (end - start) // 2 if plan.stall else -1
-        try:
-            # A client that gave up during the time to first byte (a benchmark ending its window) is
-            # gone by the time the headers are written: prepare() raises like a write.
-            await resp.prepare(request)
-            if request.method == "HEAD" or end == start:
-                return resp
-            await self._send(resp, obj.view, start, cut if cut is not None else end, plan, stall_at)
-        except ConnectionError:
-            return resp  # the client went away; aiohttp finishes quietly
-        if cut is not None and request.transport is not None:
-            self.dropped += 1
-            request.transport.close()  # flushes what was written, then FIN: a short body
-        return resp
-
-    async def _send(self, resp: web.StreamResponse, view: memoryview, pos: int, stop: int,
-                    plan: _Plan, stall_at: int) -> None:
-        """Write view[pos:stop] paced by a per-response clock started at the first byte."""
-        loop = asyncio.get_running_loop()
-        bw = plan.knobs.bw
-        chunk = int(min(max(bw / 20, _MIN_CHUNK), _MAX_CHUNK)) if bw else _MAX_CHUNK
-        t0 = loop.time()
-        sent = 0
-        while pos < stop:
-            if pos == stall_at:
-                await asyncio.sleep(plan.stall)
-                t0 += plan.stall  # no catch-up burst after the stall
-            n = min(chunk, stop - pos)
-            if pos < stall_at < pos + n:
-                n = stall_at - pos
-            slept = False
-            if bw:
-                delay = t0 + (sent + n) / bw - loop.time()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                    slept = True
-            if self.clock is not None:
-                delay = self.clock.reserve(loop.time(), n) - loop.time()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                    slept = True
-            await resp.write(view[pos:pos + n])
-            pos += n
-            sent += n
-            self.bytes_sent += n
-            if not slept:
-                await asyncio.sleep(0)  # write() only yields when the transport is paused
+    def _render(self, face: str, err: StoreError) -> web.Response:
+        if face == "gcs":
+            return gcs_error(err)
+        return s3_error(err, self.request_id())
 
 
-_KNOB_NAMES = frozenset(f.name for f in dataclasses.fields(Knobs))
+def _face(request: web.BaseRequest) -> str:
+    """"gcs" (a JSON API path), "s3" (signed, S3's parameters, or a write) or "plain"."""
+    if request.path.startswith(GCS_ROOTS):
+        return "gcs"
+    if request.method not in ("GET", "HEAD"):
+        return "s3"
+    for name in request.headers:
+        lowered = name.lower()
+        if lowered == "authorization" or lowered.startswith("x-amz-"):
+            return "s3"
+    for key in request.query:
+        if key in S3_QUERY or key in S3_UNSUPPORTED or key.lower().startswith(("x-amz-", "response-")):
+            return "s3"
+    return "plain"
 
 
 def _text(status: int, body: str, headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(status=status, text=body, headers=headers)
 
 
-def _parse_bool(key: str, value: str) -> bool:
-    lowered = value.lower()
-    if lowered in _TRUE:
-        return True
-    if lowered in _FALSE:
-        return False
-    raise ValueError(f"{key} must be a boolean, got {value!r}")
-
-
-def _parse_range(header: str | None, size: int) -> tuple[int, int] | str | None:
-    """One ``bytes=`` range as a half-open (start, end); None to serve it all; "unsatisfiable".
-
-    Malformed and multi-range headers are ignored (RFC 9110 allows answering them with 200).
-    """
-    if not header or not header.startswith("bytes=") or "," in header:
-        return None
-    first, sep, last = header[6:].strip().partition("-")
-    if not sep or not (first.isdigit() or last.isdigit()):
-        return None
-    if not first:  # suffix: the last N bytes
-        n = int(last)
-        if n == 0 or size == 0:
-            return "unsatisfiable"
-        return max(size - n, 0), size
-    if last and not last.isdigit():
-        return None
-    start = int(first)
-    if last and int(last) < start:
-        return None  # invalid, so ignored
-    if start >= size:
-        return "unsatisfiable"
-    return start, min(int(last) + 1, size) if last else size
-
-
-def _map(path: str, st: os.stat_result) -> _Object:
-    if st.st_size == 0:
-        view = memoryview(b"")
-    else:
-        with open(path, "rb") as f:
-            view = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
-    etag = f'"{st.st_size:x}-{st.st_mtime_ns:x}"'
-    return _Object(st.st_size, st.st_mtime_ns, view, etag, email.utils.formatdate(st.st_mtime, usegmt=True))
+def _slow_down(face: str, retry_after: str) -> web.Response:
+    """503 SlowDown: S3's XML, or GCS's JSON on that face."""
+    if face == "gcs":
+        resp = gcs_error(StoreError(503, "SlowDown", "Please reduce your request rate."))
+        resp.headers["Retry-After"] = retry_after
+        return resp
+    return web.Response(status=503, reason="Slow Down", text=SLOW_DOWN_XML, content_type="application/xml",
+                        headers={"Retry-After": retry_after})
 
 
 def server_tls(cert_dir: str | os.PathLike[str], host: str = "127.0.0.1") -> ssl.SSLContext:
@@ -430,7 +266,8 @@ def server_tls(cert_dir: str | os.PathLike[str], host: str = "127.0.0.1") -> ssl
 
 
 async def start_store(root: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 0,
-                      knobs: Knobs = Knobs(), *, verbose: bool = False,
+                      knobs: Knobs = Knobs(),  # noqa: B008 - frozen, so one shared default is safe
+                      *, verbose: bool = False,
                       ssl_context: ssl.SSLContext | None = None) -> tuple[web.BaseRunner, int]:
     """Start serving ``root`` on the running loop; return the runner (``await runner.cleanup()``) and port.
 
@@ -460,7 +297,7 @@ async def _run_server(args: argparse.Namespace, knobs: Knobs, context: ssl.SSLCo
     try:
         if args.port_file:
             tmp = args.port_file + ".tmp"
-            with open(tmp, "w") as f:
+            with open(tmp, "w") as f:  # noqa: ASYNC230 - a few bytes, once, before serving
                 f.write(f"{port}\n")
             os.replace(tmp, args.port_file)  # the poller never sees a half-written file
         if args.print_port:
@@ -482,7 +319,7 @@ async def _run_server(args: argparse.Namespace, knobs: Knobs, context: ssl.SSLCo
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.store", description=__doc__.split("\n")[0])
-    p.add_argument("--root", required=True, help="folder to serve read-only")
+    p.add_argument("--root", required=True, help="folder to serve (its subfolders are the buckets)")
     p.add_argument("--host", default="127.0.0.1", help="loopback address to bind (127.0.0.0/8 only)")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port")
     p.add_argument("--port-file", help="write the bound port here once listening")

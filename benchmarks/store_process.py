@@ -5,6 +5,11 @@
 
     with StoreProcess(root, https=True) as store:     # https://127.0.0.1:PORT/, a throwaway CA
         env = {**os.environ, "SSL_CERT_FILE": store.ca_file}   # for a client process started now
+
+    with StoreProcess(root) as store:                 # ROOT/BUCKET/KEY over the S3 and GCS APIs
+        boto3.client("s3", endpoint_url=store.s3_endpoint, config=Config(s3={"addressing_style": "path"}))
+        storage.Client(client_options={"api_endpoint": store.gcs_endpoint}, ...)
+        store.stats()["bytes_sent"]
 """
 
 from __future__ import annotations
@@ -133,6 +138,16 @@ class StoreProcess:
         if self.port is None:
             raise RuntimeError("StoreProcess is not running")
         return f"{'https' if self.https else 'http'}://{self.host}:{self.port}/"
+
+    @property
+    def s3_endpoint(self) -> str:
+        """The S3 endpoint (``endpoint_url``; path-style addressing): ``http(s)://127.0.0.1:PORT``."""
+        return self.base_url.rstrip("/")
+
+    @property
+    def gcs_endpoint(self) -> str:
+        """The GCS JSON API endpoint (``client_options={"api_endpoint": ...}``): the same base URL."""
+        return self.base_url.rstrip("/")
 
     @property
     def ca_file(self) -> str:

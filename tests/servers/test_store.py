@@ -141,8 +141,16 @@ async def test_missing_is_404(store: StoreProcess) -> None:
 
 @pytest.mark.asyncio
 async def test_other_methods_405(store: StoreProcess) -> None:
-    resp, _ = await fetch(store.url(SHARD), method="PUT", data=b"x")
-    assert resp.status == 405
+    resp, body = await fetch(store.url(SHARD), method="PATCH", data=b"x")
+    assert resp.status == 405 and b"<Code>MethodNotAllowed</Code>" in body
+
+
+@pytest.mark.asyncio
+async def test_put_writes_through_the_s3_face(store: StoreProcess, root: Path, data: bytes) -> None:
+    """PUT is S3's PutObject now (it was a 405): a top-level name is a bucket, so a file there conflicts."""
+    resp, body = await fetch(store.url(SHARD), method="PUT", data=b"x")
+    assert resp.status == 409 and b"<Code>BucketAlreadyExists</Code>" in body
+    assert (root / SHARD).read_bytes() == data
 
 
 async def raw_get(store: StoreProcess, target: str) -> tuple[int, bytes]:
