@@ -271,6 +271,9 @@ def run_bench(urls: list[str], *, connections: int = 16, vs_webdataset: bool = F
             row["vs_clean"] = row["mb_s"] / loader["mb_s"]
         row["kind"] = "raw" if row is raw else "loader"
         row["connections"] = connections if row is raw else row.get("concurrency", connections)
+        if row.get("unique") is not None:
+            row["exactly_once"] = "yes" if row["unique"] == row["samples"] else \
+                f"NO ({row['samples'] - row['unique']} duplicates)"
         row["peer"] = "wds-async" if row["name"].startswith("wds-async") else row["name"].split()[0]
     if peers:
         from .peers._report import add_ratios

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from .backends import validate_url
@@ -123,6 +123,7 @@ class WebDataset(FluidPipeline):
         for url in urls_list:
             validate_url(url)
         self.urls = expand_globs(urls_list, self.config, self._backend_options, backends)
+        _import_backends(self.urls, backends)
         self.handler = resolve_handler(handler)
         self.shardshuffle = bool(shardshuffle)
         self.seed = seed
@@ -260,3 +261,13 @@ class WebDataset(FluidPipeline):
     def __repr__(self) -> str:
         shown = redact_url(self.urls[0]) + (f" ... ({len(self.urls)} shards)" if len(self.urls) > 1 else "")
         return f"WebDataset({shown!r}, stages={len(self._stages)}, config={self.config})"
+
+
+def _import_backends(urls: list[str], given: Mapping[str, Any] | None) -> None:
+    """Import the backend module of every scheme in ``urls`` now, at construction: a missing SDK is an
+    error here rather than at the first batch, and the import (botocore alone takes about 0.15 s) is
+    paid before iteration starts, so a DataLoader's forked workers inherit it instead of each repeating it."""
+    from .backends import backend_class, backend_key
+
+    for scheme in {backend_key(url) for url in urls} - set(given or ()):
+        backend_class(scheme, redact_url(next(u for u in urls if backend_key(u) == scheme)))
