@@ -72,9 +72,9 @@ PEERS: dict[str, Peer] = {p.name: p for p in [
     Peer("s3torchconnector", "loader", "s3torchconnector S3IterableDataset over the tar shards", "s3",
          imports="s3torchconnector", install="pip install s3torchconnector==1.5.0 webdataset==1.0.2",
          modes=("defaults", "best"), runner="s3torch"),
-    Peer("mosaic", "loader", "MosaicML streaming StreamingDataset over an MDS copy", "s3",
+    Peer("mosaic", "loader", "MosaicML streaming 0.13.0 StreamingDataset over an MDS copy", "s3",
          venv="loaders", prepare=True, modes=("defaults", "best")),
-    Peer("litdata", "loader", "litdata StreamingDataset over an optimize()d copy", "s3",
+    Peer("litdata", "loader", "litdata 0.2.76 StreamingDataset over an optimize()d copy", "s3",
          venv="loaders", prepare=True, modes=("defaults", "best"), runner="litdata_loader"),
 ]}
 
