@@ -32,7 +32,7 @@ def _num(value: float | None, fmt: str) -> str:
 def format_peers_table(rows: list[dict[str, Any]], connections: int) -> str:
     """The table ``bench --peers`` prints (and the README shows)."""
     fastest = add_ratios(rows)
-    header = (f"{'':<28}{'conns':>6}{'MB/s':>8}{'samples/s':>11}{'CPU s/GB':>10}{'peak RSS MB':>13}"
+    header = (f"{'':<30}{'conns':>6}{'MB/s':>8}{'samples/s':>11}{'CPU s/GB':>10}{'peak RSS MB':>13}"
               f"{'vs fastest raw':>16}  exactly once")
     lines = [header, "-" * len(header)]
     for kind, title in (("raw", "raw copy"), ("loader", "loaders")):
@@ -42,9 +42,9 @@ def format_peers_table(rows: list[dict[str, Any]], connections: int) -> str:
                 continue
             if r.get("error"):
                 reason = textwrap.shorten(str(r["error"]).replace("\n", " "), 150)
-                lines.append(f"  {r['name']:<26}{'did not run: ' + reason}")
+                lines.append(f"  {r['name']:<28}{'did not run: ' + reason}")
                 continue
-            lines.append(f"  {r['name']:<26}{r.get('connections') or '-':>6}{r['mb_s']:>8.1f}{_num(r.get('samples_s'), '.0f'):>11}"
+            lines.append(f"  {r['name']:<28}{r.get('connections') or '-':>6}{r['mb_s']:>8.1f}{_num(r.get('samples_s'), '.0f'):>11}"
                          f"{_num(r.get('cpu_s_per_gb'), '.2f'):>10}{r['peak_rss'] / 1e6:>13.0f}"
                          f"{_num(r.get('vs_fastest_raw'), '.2f'):>16}  {r.get('exactly_once', '-')}")
     if fastest is not None:
@@ -76,6 +76,8 @@ def plot_peers(rows: list[dict[str, Any]], path: str, title: str) -> None:
     import matplotlib.pyplot as plt
 
     add_ratios(rows)
+    # Raw copies first, then wds-async, then the peer loaders (top to bottom), each in run order.
+    rows = sorted(rows, key=lambda r: 0 if r.get("kind") == "raw" else 1 if r.get("peer") == "wds-async" else 2)
     colors = {"raw": "#8c8c8c", "loader": "#4c72b0", "ours": "#dd8452"}
     names = [r["name"] for r in rows][::-1]
     values = [0.0 if r.get("error") else r["mb_s"] for r in rows][::-1]
