@@ -20,7 +20,7 @@ def test_missing_sdk_names_the_extra_to_install(module: str, url: str, extra: st
         f"sys.modules[{module!r}] = None  # as if the SDK were not installed\n"
         "import wds_async as wds\n"
         "try:\n"
-        f"    list(wds.WebDataset([{url!r}]))\n"
+        f"    wds.WebDataset([{url!r}])  # construction, not iteration, finds it\n"
         "except wds.MissingDependency as exc:\n"
         "    print(exc)\n"
     )
