@@ -4,7 +4,8 @@ Each phase runs in a fresh subprocess so that its CPU time and peak memory are i
 
 * **raw**: ``connections`` concurrent streaming GETs of the shards, bytes thrown away (the analog of
   ``gsutil -m cp`` to /dev/null), over the same backends the loader uses;
-* **wds-async**: ``WebDataset(urls, max_connections=connections)`` iterated in one process, counting
+* **wds-async**: ``WebDataset(urls, max_connections=connections)`` iterated in one process through
+  ``DataLoader(ds, batch_size=None, num_workers=0)``, counting
   samples and checking every ``(url, key)`` arrives exactly once;
 * **webdataset** (``--vs-webdataset``, when the package is installed): ``webdataset.WebDataset(urls)``
   iterated in one process, its default way of reading.
@@ -162,7 +163,11 @@ def _phase_loader(urls: list[str], connections: int | str, max_buffered_bytes: i
     baseline = _rss()
     ds = WebDataset(urls, max_connections=connections, max_buffered_bytes=max_buffered_bytes,
                     nodesplitter=None, workersplitter=None)
-    result, started, cpu0 = _consume(ds, reporter, lambda: int(ds.stats()["bytes_read"]))
+    # Through a DataLoader loop, as a training job (and every peer loader in ``--peers``) consumes it.
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(ds, batch_size=None, num_workers=0)
+    result, started, cpu0 = _consume(loader, reporter, lambda: int(ds.stats()["bytes_read"]))
     stats = ds.stats()
     result.update(bytes=stats["bytes_read"], peak_buffered=stats["peak_buffered_bytes"], wait_s=stats["wait_s"],
                   limit=ds.config.max_buffered_bytes, retries=stats["retries"], concurrency=stats["concurrency"],

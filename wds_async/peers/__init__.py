@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-__all__ = ["PEERS", "Peer", "VENVS", "peer_names"]
+__all__ = ["PEERS", "VENVS", "Peer", "peer_names"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,7 +37,7 @@ import os
 from typing import Any
 
 from _common import Timer, keys_digest, run, sample_name
-from mosaic import (
+from _convert import (
     NAME,
     PeakConnections,
     client_env,

@@ -42,7 +42,6 @@ import os
 from typing import Any
 
 import torch.utils.data
-
 from _common import Timer, keys_digest, run, sample_name
 
 MAX_WORKERS = 8
@@ -109,8 +108,8 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
 
     try:
-        from s3torchconnector import S3ClientConfig, S3IterableDataset
         import webdataset  # noqa: F401 - the tar parsing the connector's notebook uses
+        from s3torchconnector import S3ClientConfig, S3IterableDataset
     except ImportError as exc:
         raise ImportError(f"{exc}: pip install s3torchconnector==1.5.0 webdataset==1.0.2") from exc
     from torch.utils.data import DataLoader
