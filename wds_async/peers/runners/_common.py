@@ -42,7 +42,8 @@ import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["Timer", "keys_digest", "load_job", "own_peak_rss", "peak_rss", "run", "sample_name"]
+__all__ = ["Timer", "filesystem", "keys_digest", "load_job", "own_peak_rss", "peak_rss", "run", "sample_name",
+           "stop_workers"]
 
 
 def load_job() -> dict[str, Any]:
@@ -133,3 +134,30 @@ def run(measure: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
     print(json.dumps(result))
     sys.stdout.flush()
     os._exit(0)  # likewise: report and leave, whatever threads a peer left behind
+
+
+def filesystem(path: str) -> str:
+    """``tmpfs (RAM)`` or ``disk (FSTYPE)``: where ``path`` lives, from /proc/mounts."""
+    real = os.path.realpath(path)
+    best, kind = "", "unknown"
+    try:
+        with open("/proc/mounts") as fh:
+            for line in fh:
+                parts = line.split()
+                if len(parts) < 3:
+                    continue
+                mount = parts[1].replace("\\040", " ")
+                inside = real == mount or real.startswith(mount.rstrip("/") + "/")
+                if inside and len(mount) > len(best):
+                    best, kind = mount, parts[2]
+    except OSError:
+        return "unknown filesystem"
+    return "tmpfs (RAM)" if kind in ("tmpfs", "ramfs") else f"disk ({kind})"
+
+
+def stop_workers(iterator: Any) -> None:
+    """Join a DataLoader iterator's workers now (their CPU is then counted), also after an error: ``run()``
+    leaves with ``os._exit``, and a worker never told the iteration ended can hang the process group."""
+    shutdown = getattr(iterator, "_shutdown_workers", None)  # absent without workers
+    if shutdown is not None:
+        shutdown()

@@ -151,14 +151,6 @@ class PeakConnections:
                 return
 
 
-def stop_workers(iterator: Any) -> None:
-    """Join a DataLoader iterator's workers now (their CPU is then counted), also after an error: ``run()``
-    leaves with ``os._exit``, and a worker never told the iteration ended can hang the process group."""
-    shutdown = getattr(iterator, "_shutdown_workers", None)  # absent without workers
-    if shutdown is not None:
-        shutdown()
-
-
 def fresh_dir(job: dict[str, Any], name: str) -> str:
     path = os.path.join(job["workdir"], name)
     shutil.rmtree(path, ignore_errors=True)

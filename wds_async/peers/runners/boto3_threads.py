@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 try:  # run as a script (its folder is first on sys.path), or imported as part of the package
-    from _common import Timer, run
+    from _common import Timer, filesystem, run
 except ImportError:
-    from ._common import Timer, run
+    from ._common import Timer, filesystem, run
 
 INSTALL = "pip install boto3"
 
@@ -40,24 +40,6 @@ def split(url: str) -> tuple[str, str]:
     if parts.scheme != "s3" or not parts.netloc or not parts.path.strip("/"):
         raise ValueError(f"not an s3://BUCKET/KEY URL: {url}")
     return parts.netloc, parts.path.lstrip("/")
-
-
-def filesystem(path: str) -> str:
-    """``tmpfs (RAM)`` or ``disk (FSTYPE)``: where ``path`` lives, from /proc/mounts."""
-    real = os.path.realpath(path)
-    best, kind = "", "unknown"
-    try:
-        with open("/proc/mounts") as fh:
-            for line in fh:
-                parts = line.split()
-                if len(parts) < 3:
-                    continue
-                mount = parts[1].replace("\\040", " ")
-                if (real == mount or real.startswith(mount.rstrip("/") + "/")) and len(mount) > len(best):
-                    best, kind = mount, parts[2]
-    except OSError:
-        return "unknown filesystem"
-    return "tmpfs (RAM)" if kind in ("tmpfs", "ramfs") else f"disk ({kind})"
 
 
 def sizes(client: Any, urls: list[str]) -> dict[str, int]:

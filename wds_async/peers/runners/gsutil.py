@@ -39,9 +39,9 @@ from pathlib import Path
 from typing import Any
 
 try:  # run as a script (its folder is first on sys.path), or imported as part of the package
-    from _common import Timer, run
+    from _common import Timer, filesystem, run
 except ImportError:
-    from ._common import Timer, run
+    from ._common import Timer, filesystem, run
 
 INSTALL = ("pip install gsutil==5.38 in its own virtual environment (wds-async bench --peers gsutil "
            "builds it: wds_async.peers.VENVS['gsutil'])")
@@ -71,24 +71,6 @@ def crcmod_compiled() -> bool | None:
     except ImportError:
         return None
     return bool(_usingExtension)
-
-
-def filesystem(path: str) -> str:
-    """``tmpfs (RAM)`` or ``disk (FSTYPE)``: where ``path`` lives, from /proc/mounts."""
-    real = os.path.realpath(path)
-    best, kind = "", "unknown"
-    try:
-        with open("/proc/mounts") as fh:
-            for line in fh:
-                parts = line.split()
-                if len(parts) < 3:
-                    continue
-                mount = parts[1].replace("\\040", " ")
-                if (real == mount or real.startswith(mount.rstrip("/") + "/")) and len(mount) > len(best):
-                    best, kind = mount, parts[2]
-    except OSError:
-        return "unknown filesystem"
-    return "tmpfs (RAM)" if kind in ("tmpfs", "ramfs") else f"disk ({kind})"
 
 
 def split_connections(connections: int) -> tuple[int, int]:

@@ -36,7 +36,7 @@ import json
 import os
 from typing import Any
 
-from _common import Timer, keys_digest, run, sample_name
+from _common import Timer, keys_digest, run, sample_name, stop_workers
 from _convert import (
     NAME,
     PeakConnections,
@@ -45,7 +45,6 @@ from _convert import (
     fresh_dir,
     put_ready,
     source_shards,
-    stop_workers,
     tar_samples,
 )
 

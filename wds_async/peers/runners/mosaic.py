@@ -27,7 +27,7 @@ import json
 import os
 from typing import Any
 
-from _common import Timer, keys_digest, run, sample_name
+from _common import Timer, keys_digest, run, sample_name, stop_workers
 from _convert import (
     NAME,
     READY,
@@ -39,7 +39,6 @@ from _convert import (
     s3_client,
     source_shards,
     split_s3,
-    stop_workers,
     tar_samples,
 )
 

@@ -42,23 +42,11 @@ import os
 from typing import Any
 
 import torch.utils.data
-from _common import Timer, keys_digest, run, sample_name
+from _common import Timer, keys_digest, run, sample_name, stop_workers
 
 MAX_WORKERS = 8
 BEST_PART_SIZE = 5 << 20  # bytes: the smallest part the client accepts (5 MiB): more ranged GETs per shard
 BEST_BATCH = 32  # samples per list a worker sends to the main process in "best"
-
-
-def _stop(iterator: Any) -> None:
-    """End a DataLoader iterator's workers now, after an error too.
-
-    ``run()`` leaves with ``os._exit`` on an error; workers still running then never learn that the
-    iteration ended, and each hangs at exit flushing a batch into the results pipe that its siblings keep
-    open. Stopping them here (as the iterator does by itself at its end) leaves nothing behind.
-    """
-    shutdown = getattr(iterator, "_shutdown_workers", None)  # absent without workers
-    if shutdown is not None:
-        shutdown()
 
 
 def _keep(batch: Any) -> Any:
@@ -162,7 +150,7 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
                 for sample in (item if batch_size else (item,)):
                     names.append(sample_name(sample["__url__"], sample["__key__"]))
         finally:
-            _stop(iterator)  # workers joined (so their CPU is counted) inside the measured region
+            stop_workers(iterator)  # workers joined (so their CPU is counted) inside the measured region
     return {
         "samples": len(names),
         "bytes": nbytes,

