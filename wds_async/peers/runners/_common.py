@@ -42,8 +42,18 @@ import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["Timer", "filesystem", "keys_digest", "load_job", "own_peak_rss", "peak_rss", "run", "sample_name",
-           "stop_workers"]
+__all__ = [
+    "Timer",
+    "epoch_names",
+    "filesystem",
+    "keys_digest",
+    "load_job",
+    "own_peak_rss",
+    "peak_rss",
+    "run",
+    "sample_name",
+    "stop_workers",
+]
 
 
 def load_job() -> dict[str, Any]:
@@ -161,3 +171,19 @@ def stop_workers(iterator: Any) -> None:
     shutdown = getattr(iterator, "_shutdown_workers", None)  # absent without workers
     if shutdown is not None:
         shutdown()
+
+
+def epoch_names(loader: Any, names_of: Callable[[Any], Iterable[str]]) -> list[str]:
+    """One epoch of a DataLoader: the sample names ``names_of(item)`` gives for every item it yields.
+
+    Its workers are joined before this returns (after an error too, see :func:`stop_workers`), so when
+    called inside a :class:`Timer` their CPU is counted in the measured region.
+    """
+    names: list[str] = []
+    iterator = iter(loader)
+    try:
+        for item in iterator:
+            names.extend(names_of(item))
+    finally:
+        stop_workers(iterator)
+    return names

@@ -36,7 +36,7 @@ import json
 import os
 from typing import Any
 
-from _common import Timer, keys_digest, run, sample_name, stop_workers
+from _common import Timer, epoch_names, keys_digest, run, sample_name
 from _convert import (
     NAME,
     PeakConnections,
@@ -173,14 +173,8 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
         ds_kw, dl_kw, settings = _best(job)
         ds = StreamingDataset(job["dataset"], cache_dir=cache, storage_options=storage_options, **ds_kw)
         loader = StreamingDataLoader(ds, batch_size=BATCH, collate_fn=collate, **dl_kw)
-    names: list[str] = []
     with PeakConnections(job.get("endpoint")) as conns, Timer() as t:
-        iterator = iter(loader)
-        try:
-            for batch in iterator:
-                names.extend(batch[NAME])
-        finally:
-            stop_workers(iterator)
+        names = epoch_names(loader, lambda batch: batch[NAME])
     index = glob.glob(os.path.join(cache, "**", "index.json"), recursive=True)  # in CACHE/HASH/VERSION/
     if len(index) != 1:
         raise RuntimeError(f"expected one index.json under the cache {cache}, found {index}")

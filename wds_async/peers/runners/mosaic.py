@@ -27,7 +27,7 @@ import json
 import os
 from typing import Any
 
-from _common import Timer, keys_digest, run, sample_name, stop_workers
+from _common import Timer, epoch_names, keys_digest, run, sample_name
 from _convert import (
     NAME,
     READY,
@@ -149,14 +149,8 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
         ds = StreamingDataset(remote=job["dataset"], local=cache, shuffle=False, batch_size=BATCH, **ds_kw)
         _unshare_clients(ds)
         loader = StreamingDataLoader(ds, batch_size=BATCH, **dl_kw)
-    names: list[str] = []
     with PeakConnections(job.get("endpoint")) as conns, Timer() as t:
-        iterator = iter(loader)
-        try:
-            for batch in iterator:
-                names.extend(batch[NAME])
-        finally:
-            stop_workers(iterator)
+        names = epoch_names(loader, lambda batch: batch[NAME])
     return {"bytes": _index_bytes(cache), "samples": len(names), "seconds": t.seconds, "cpu_s": t.cpu_s,
             "keys_digest": keys_digest(names), "connections": conns.peak,
             "settings": f"{settings}; boto3 via S3_ENDPOINT_URL, one download_file (use_threads=False) at a time per "

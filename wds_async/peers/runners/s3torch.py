@@ -42,7 +42,7 @@ import os
 from typing import Any
 
 import torch.utils.data
-from _common import Timer, keys_digest, run, sample_name, stop_workers
+from _common import Timer, epoch_names, keys_digest, run, sample_name
 
 MAX_WORKERS = 8
 BEST_PART_SIZE = 5 << 20  # bytes: the smallest part the client accepts (5 MiB): more ranged GETs per shard
@@ -142,15 +142,9 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
                     f"then the rest in parallel), so up to {connections} connections; "
                     f"sequential reader; {where}{tls}")
 
-    names: list[str] = []
     with Timer() as timer:
-        iterator = iter(loader)
-        try:
-            for item in iterator:
-                for sample in (item if batch_size else (item,)):
-                    names.append(sample_name(sample["__url__"], sample["__key__"]))
-        finally:
-            stop_workers(iterator)  # workers joined (so their CPU is counted) inside the measured region
+        names = epoch_names(loader, lambda item: [sample_name(s["__url__"], s["__key__"])
+                                                  for s in (item if batch_size else (item,))])
     return {
         "samples": len(names),
         "bytes": nbytes,

@@ -32,7 +32,7 @@ import ssl
 import urllib.request
 from typing import Any
 
-from _common import Timer, keys_digest, run, sample_name, stop_workers
+from _common import Timer, epoch_names, keys_digest, run, sample_name
 
 MAX_WORKERS = 8
 WORKER_BATCH = 32  # samples per list a worker sends to the main process in "best"
@@ -93,15 +93,9 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
                     f"each its own shards (split_by_worker), one curl each, so {workers} connections; "
                     f"samples sent to the main process in lists of {WORKER_BATCH}" + tls)
 
-    names: list[str] = []
     with Timer() as timer:
-        iterator = iter(loader)
-        try:
-            for item in iterator:
-                for sample in (item if batched else (item,)):
-                    names.append(sample_name(sample["__url__"], sample["__key__"]))
-        finally:
-            stop_workers(iterator)  # workers joined (so their CPU is counted) inside the measured region
+        names = epoch_names(loader, lambda item: [sample_name(s["__url__"], s["__key__"])
+                                                  for s in (item if batched else (item,))])
     return {
         "samples": len(names),
         "bytes": nbytes,
