@@ -43,9 +43,10 @@ import aiohttp
 from azure.core.exceptions import ClientAuthenticationError
 from azure.storage.blob import BlobSasPermissions, ContainerSasPermissions, generate_blob_sas, generate_container_sas
 
-from wds_async.errors import BackendError, PermissionDenied, TransientError, UrlError, WdsError
+from wds_async.errors import BackendError, PermissionDenied, TransientError, UrlError
 from wds_async.urls import redact_url
 
+from ._errors import map_aiohttp_errors
 from .base import ByteStream, ObjectIdentity, glob_prefix, glob_regex, status_error
 from .http import HttpBackend
 
@@ -59,7 +60,6 @@ SAS_LIFETIME = timedelta(hours=1)
 REFRESH_MARGIN = 300.0  # seconds: a token or SAS is renewed this long before it expires
 SAS_CACHE_SIZE = 4096
 LIST_PAGE = 5000
-_SIG = re.compile(r"sig=[^&\s'\"]*", re.IGNORECASE)
 _CONTAINER = re.compile(r"[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){2,62}|\$root|\$web|\$logs")
 
 
@@ -232,7 +232,7 @@ class AzureBackend(HttpBackend):
                     return None
                 raise PermissionDenied(f"{source} could not get a token: {exc.message.splitlines()[0]}",
                                        url=redact_url(url)) from None
-            except Exception as exc:  # noqa: BLE001 - foreign errors stop at the backend boundary
+            except Exception as exc:  # foreign errors stop at the backend boundary
                 raise TransientError(f"{source} token request failed ({type(exc).__name__})",
                                      url=redact_url(url)) from None
             self._token = (str(token.token), float(token.expires_on))
@@ -267,25 +267,16 @@ class AzureBackend(HttpBackend):
                     start: int | None = None) -> aiohttp.ClientResponse:
         """One request; any status but 200/206 becomes an error naming the user URL and credential."""
         shown = redact_url(url)
-        try:
+        with map_aiohttp_errors(shown, start):  # its messages are scrubbed: the request URL carries the SAS
             response = await self._get_session().request(method, target_url, headers=headers, allow_redirects=True)
-        except asyncio.TimeoutError:
-            raise TransientError("timed out connecting or waiting for the response headers", url=shown,
-                                 offset=start) from None
-        except aiohttp.ClientConnectionError as exc:  # the request URL carries the SAS: scrub it
-            raise TransientError(f"connection failed: {_SIG.sub('sig=***', str(exc))}", url=shown,
-                                 offset=start) from None
-        except aiohttp.ClientError as exc:
-            raise BackendError(f"request failed ({type(exc).__name__})", url=shown, offset=start) from None
         if response.status in (200, 206):
             return response
         response.close()
-        error = status_error(response.status, shown, response.reason or "", offset=start)
-        assert isinstance(error, WdsError)
         code = response.headers.get("x-ms-error-code")
-        detail = f"credential: {self.credential_source(parse_url(url))}" + (f"; x-ms-error-code: {code}"
-                                                                           if code else "")
-        raise type(error)(f"{error.message} ({detail})", url=shown, offset=start)
+        # The credential on every status: Azure answers 404, not 403, to anonymous reads of a private container.
+        raise status_error(response.status, shown, response.reason or "", offset=start, code=code,
+                           notes=(f"x-ms-error-code: {code}" if code else "",
+                                  f"credential: {self.credential_source(parse_url(url))}"))
 
     @asynccontextmanager
     async def open(self, url: str, *, start: int = 0, end: int | None = None,
@@ -316,9 +307,8 @@ class AzureBackend(HttpBackend):
             headers = await self.request_headers(pattern, 0, None)
             response = await self._send("GET", pattern, f"{base}?{query}", headers)
             try:
-                body = await response.read()
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                raise TransientError(f"listing failed ({type(exc).__name__})", url=redact_url(pattern)) from None
+                with map_aiohttp_errors(pattern, reading=True, read_timeout=self._timeout.sock_read):
+                    body = await response.read()
             finally:
                 response.release()
             try:

@@ -9,19 +9,32 @@ server that ignores Range) skips the first ``start`` bytes itself, so callers ne
 The iterator raises instead of ending quietly when the source failed: a short body, a non-zero pipe
 exit status. Leaving the context releases the connection, file or process on every path.
 
-Every backend translates its native errors into :mod:`wds_async.errors` here, at the boundary.
+Every backend translates its native errors into :mod:`wds_async.errors` at the boundary. HTTP answers
+go through :func:`status_error` here (the one status table); aiohttp's exceptions through
+:class:`._errors.map_aiohttp_errors`, kept in its own module so that importing this one (as the file
+and pipe backends do) does not import aiohttp.
 """
 
 from __future__ import annotations
 
 import re
-
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Backend", "ByteStream", "ObjectIdentity", "check_http_url", "glob_prefix", "glob_regex", "has_glob", "status_error"]
+from wds_async.errors import (
+    BackendError,
+    NotFound,
+    ObjectChanged,
+    PermissionDenied,
+    Throttled,
+    TransientError,
+    WdsError,
+)
+
+__all__ = ["Backend", "ByteStream", "ObjectIdentity", "check_http_url", "glob_prefix", "glob_regex", "has_glob",
+           "status_error"]
 
 
 @dataclass(frozen=True)
@@ -103,25 +116,42 @@ def check_http_url(url: str) -> None:
                        url=redact_url(url))
 
 
-def status_error(status: int, url: str, reason: str = "", *, offset: int | None = None) -> Exception:
-    """Map an HTTP status to the error tree: 404 not found, 401/403 permission, 408/429/5xx transient."""
-    from wds_async.errors import BackendError, NotFound, PermissionDenied, Throttled, TransientError
+#: Store error codes whose HTTP status alone would classify them wrongly (S3 answers a timed-out upload
+#: or download with 400 RequestTimeout; GCS has answered rate limits with 403).
+_CODE_KINDS: dict[str, type[WdsError]] = {
+    "RequestTimeout": TransientError,
+    "SlowDown": Throttled,
+    "rateLimitExceeded": Throttled,
+    "userRateLimitExceeded": Throttled,
+}
 
+
+def status_error(status: int, url: str, reason: str = "", *, offset: int | None = None, code: str | None = None,
+                 notes: Iterable[str] = ()) -> WdsError:
+    """Map an HTTP status to the error tree: 404/410 not found, 401/403 permission, 429/503 throttled,
+    408/5xx transient, 412 object changed, 416 and the rest permanent. ``code``, the store's error code
+    when the answer names one, overrides the status for the codes in ``_CODE_KINDS``. The non-empty
+    ``notes`` (the store's code or message, the credential in use) end the message in brackets."""
+    error = _status_error(status, url, reason, offset, _CODE_KINDS.get(code or ""))
+    shown = [note for note in notes if note]
+    if shown:
+        error.message = f"{error.message} [{'; '.join(shown)}]"
+    return error
+
+
+def _status_error(status: int, url: str, reason: str, offset: int | None, kind: type[WdsError] | None) -> WdsError:
     text = f"HTTP {status}{' ' + reason if reason else ''}"
-    if status == 404 or status == 410:
-        return NotFound(f"{text}: the object does not exist; check the URL", url=url, offset=offset)
-    if status in (401, 403):
-        return PermissionDenied(
-            f"{text}: access denied; check the credentials or the object's permissions", url=url, offset=offset
-        )
-    if status in (429, 503):
+    if kind is Throttled or (kind is None and status in (429, 503)):
         return Throttled(f"{text}: the store asks to slow down; will retry with fewer requests in flight",
                          url=url, offset=offset)
-    if status == 408 or 500 <= status < 600:
+    if kind is TransientError or status == 408 or 500 <= status < 600:
         return TransientError(f"{text}: the server is failing or throttling; will retry", url=url, offset=offset)
+    if status in (404, 410):
+        return NotFound(f"{text}: the object does not exist; check the URL", url=url, offset=offset)
+    if status in (401, 403):
+        return PermissionDenied(f"{text}: access denied; check the credentials or the object's permissions",
+                                url=url, offset=offset)
     if status == 412:
-        from wds_async.errors import ObjectChanged
-
         return ObjectChanged(f"{text}: the object is no longer the version the first request for it saw "
                              "(If-Match / ifGenerationMatch failed); refusing to splice two versions",
                              url=url, offset=offset)

@@ -70,10 +70,17 @@ def _cached(fd: int, pos: int, n: int) -> bool:
         return False
 
 
+def _glob_files(path: str) -> list[str]:
+    """The regular files matching ``path`` (``**`` recursive), sorted; run in a thread, as it stats each match."""
+    import glob
+
+    return sorted(m for m in glob.glob(path, recursive=True) if os.path.isfile(m))
+
+
 class FileBackend:
     """Streams local files in large chunks read off the event loop."""
 
-    def __init__(self, *, chunk_bytes: int = 1 << 20, **_: object) -> None:
+    def __init__(self, *, chunk_bytes: int = 1 << 20) -> None:
         self.chunk_bytes = chunk_bytes
         #: One read in flight per open file, counted in the engine's budget while the file is open.
         self.buffer_allowance = chunk_bytes
@@ -135,11 +142,7 @@ class FileBackend:
 
     async def list(self, pattern: str) -> list[str]:
         """Local glob (``*`` within a directory, ``**`` across), sorted; keeps the ``file://`` form."""
-        import glob
-
-        path = local_path(pattern)
-        matches = await asyncio.to_thread(glob.glob, path, recursive=True)
-        files = sorted(m for m in matches if os.path.isfile(m))
+        files = await asyncio.to_thread(_glob_files, local_path(pattern))
         prefix = "file://" if pattern.startswith("file://") else ""
         return [prefix + m for m in files]
 

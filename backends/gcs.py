@@ -18,13 +18,15 @@
   the pattern cannot cross a ``/``), and :func:`glob_regex` decides the matches.
 * Errors: downloads, metadata and listing all go through HttpBackend's ``response_error`` (status
   mapping, the JSON ``"message"`` from the first 2 KB of the body); 401/403 add
-  :meth:`GcsBackend.auth_description`. A failed token refresh is PermissionDenied, or TransientError
-  when google-auth calls it retryable or a transport failure.
+  :meth:`GcsBackend.auth_description`. aiohttp's exceptions go through ``map_aiohttp_errors`` as for
+  downloads. A failed token refresh is PermissionDenied, or TransientError when google-auth calls it
+  retryable or a transport failure.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import re
@@ -32,15 +34,15 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
-import aiohttp
 import google.auth
 import google.auth.credentials
 import google.auth.exceptions
 import google.auth.transport.requests
 
-from wds_async.errors import BackendError, NotFound, PermissionDenied, TransientError, UrlError, WdsError
+from wds_async.errors import NotFound, PermissionDenied, TransientError, UrlError, WdsError
 from wds_async.urls import redact_url
 
+from ._errors import map_aiohttp_errors
 from .base import ObjectIdentity, glob_prefix, glob_regex
 from .http import HttpBackend
 
@@ -58,7 +60,7 @@ def parse_gs_url(url: str) -> tuple[str, str]:
     bucket, _, key = url[len("gs://"):].partition("/") if url.startswith("gs://") else ("", "", "")
     if not _BUCKET.match(bucket) or not key:
         raise UrlError("malformed gs:// URL: it needs a bucket and an object name, as in gs://bucket/dir/shard.tar",
-                       url=redact_url(url) if "@" in url else url)  # redact_url turns "gs://" into "gs:"
+                       url=redact_url(url))
     return bucket, key
 
 
@@ -165,20 +167,15 @@ class GcsBackend(HttpBackend):
     async def _json(self, url: str, target: str, params: Mapping[str, str] | None = None) -> Any:
         """GET a JSON API resource; non-2xx answers go through :meth:`response_error` like downloads."""
         headers = {**self.headers, **await self._auth_headers(url)}
-        try:
+        with map_aiohttp_errors(url):
             async with self._get_session().get(target, headers=headers, params=params) as response:
                 if response.status != 200:
                     raise await self.response_error(response, url, 0)
-                return await response.json(content_type=None)
-        except asyncio.TimeoutError:
-            raise TransientError("timed out waiting for the JSON API", url=url) from None
-        except aiohttp.ClientConnectionError as exc:
-            raise TransientError(f"connection failed: {exc}", url=url) from None
-        except aiohttp.ClientError as exc:
-            raise BackendError(f"request failed: {exc}", url=url) from None
-        except ValueError as exc:  # a body that is not JSON (UrlError is a ValueError too: ours pass)
-            if isinstance(exc, WdsError):
-                raise
+                with map_aiohttp_errors(url, reading=True, read_timeout=self._timeout.sock_read):
+                    body = await response.read()
+        try:
+            return json.loads(body)
+        except ValueError as exc:  # a body cut short or not JSON: an answer worth asking for again
             raise TransientError(f"unreadable JSON answer: {exc}", url=url) from None
 
     async def size(self, url: str) -> int | None:

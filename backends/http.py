@@ -8,11 +8,15 @@
   200 instead of 206 ignored the range; the stream then discards the first ``N`` bytes itself.
 * A body shorter than its Content-Length raises :class:`~wds_async.errors.TransientError` with the
   offset reached, so the engine can resume there.
+* Errors: aiohttp's exceptions go through :class:`._errors.map_aiohttp_errors` (the request, with the
+  start offset; each body read, with the offset reached), non-2xx answers through
+  :meth:`HttpBackend.response_error` and :func:`._errors.status_error`. Subclasses reuse both.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import ssl
 from collections.abc import AsyncIterator, Mapping
@@ -20,22 +24,19 @@ from contextlib import asynccontextmanager
 
 import aiohttp
 
-from wds_async.errors import BackendError, TransientError, UrlError, WdsError
-from wds_async.urls import redact_url
+from wds_async.errors import BackendError, TransientError
+from wds_async.urls import redact_text, redact_url
 
+from ._errors import map_aiohttp_errors
 from .base import ByteStream, ObjectIdentity, check_http_url, status_error
 
 __all__ = ["HttpBackend"]
 
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
-
-
-_URL_QUERY = re.compile(r"((?:https?|s3|gs|az)://[^\s'\"?]*)\?[^\s'\"]*")
-
-
-def _safe(exc: BaseException) -> str:
-    """An aiohttp error as text with any URL query (a signature, a SAS token) removed."""
-    return _URL_QUERY.sub(r"\1?***", str(exc)) or type(exc).__name__
+#: What a store's error body names: S3/Azure XML ``<Code>``, GCS JSON ``"reason"`` and ``"message"``.
+_XML_CODE = re.compile(rb"<Code>([^<]{1,100})</Code>")
+_JSON_REASON = re.compile(rb'"reason"\s*:\s*"([^"]{1,100})"')
+_JSON_MESSAGE = re.compile(rb'"message"\s*:\s*"([^"]{1,200})"')
 
 
 def identity_from_headers(headers: Mapping[str, str], status: int) -> ObjectIdentity:
@@ -81,7 +82,6 @@ class HttpBackend:
         chunk_bytes: int = 1 << 20,
         headers: Mapping[str, str] | None = None,
         ca_file: str | None = None,
-        **_: object,
     ) -> None:
         self.max_connections = max_connections
         #: A PEM bundle to trust instead of the system's (a private CA, an emulator's self-signed one).
@@ -125,20 +125,16 @@ class HttpBackend:
 
     async def response_error(self, response: aiohttp.ClientResponse, shown: str, offset: int) -> Exception:
         """The error for a non-2xx answer, with the store's error code when its body names one."""
-        detail = ""
-        try:
+        body = b""
+        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):  # the status alone still says enough
             body = await response.content.read(2048)
-            code = re.search(rb"<Code>([^<]{1,100})</Code>", body) or re.search(rb'"message"\s*:\s*"([^"]{1,200})"', body)
-            if code:
-                detail = code.group(1).decode("utf-8", "replace")
-        except (aiohttp.ClientError, asyncio.TimeoutError):
-            pass
-        detail = detail or response.headers.get("x-ms-error-code", "")
-        err = status_error(response.status, shown, response.reason or "", offset=offset)
-        extra = [x for x in (detail, self.auth_description() if response.status in (401, 403) else "") if x]
-        if extra and isinstance(err, WdsError):
-            err.message = f"{err.message} [{'; '.join(extra)}]"
-        return err
+        found = [m.group(1).decode("utf-8", "replace") if m else ""
+                 for m in (_XML_CODE.search(body), _JSON_REASON.search(body), _JSON_MESSAGE.search(body))]
+        code = found[0] or found[1] or response.headers.get("x-ms-error-code", "")
+        detail = found[0] or redact_text(found[2]) or code
+        auth = self.auth_description() if response.status in (401, 403) else ""
+        return status_error(response.status, shown, response.reason or "", offset=offset, code=code,
+                            notes=(detail, auth))
 
     def conditions(self, target: str, headers: dict[str, str], expect: ObjectIdentity | None) -> str:
         """Make a request conditional on the object version ``expect`` (``If-Match`` on its ETag, which S3,
@@ -155,23 +151,8 @@ class HttpBackend:
         target, headers = await self.resolve(url, start, end)
         target = self.conditions(target, headers, expect)
         session = self._get_session()
-        try:
+        with map_aiohttp_errors(shown, start):
             response = await session.get(target, headers=headers, allow_redirects=True)
-        except asyncio.TimeoutError:
-            raise TransientError("timed out connecting or waiting for the response headers", url=shown,
-                                 offset=start) from None
-        except aiohttp.InvalidURL:
-            raise UrlError("malformed URL", url=shown) from None
-        except aiohttp.ClientConnectorCertificateError as exc:
-            raise BackendError(
-                f"TLS certificate verification failed ({_safe(exc.certificate_error)}); for a store with a private "
-                "CA pass backend_options={'ca_file': 'ca.pem'} or set SSL_CERT_FILE before starting Python",
-                url=shown, offset=start) from None
-        except aiohttp.ClientConnectionError as exc:
-            raise TransientError(f"connection failed: {_safe(exc)}", url=shown, offset=start) from None
-        except aiohttp.ClientError as exc:
-            # Only the type: str() of some aiohttp errors embeds the request URL, which may carry a signature.
-            raise BackendError(f"request failed: {type(exc).__name__}", url=shown, offset=start) from None
         if response.status not in (200, 206):
             try:
                 raise await self.response_error(response, shown, start)
@@ -215,8 +196,9 @@ class HttpBackend:
         pos = start   # object offset of the next byte we yield
         content = response.content
         limit = self.chunk_bytes
+        stall = self._timeout.sock_read
         while True:
-            try:
+            with map_aiohttp_errors(url, pos, reading=True, read_timeout=stall):
                 # readchunk() hands over a piece aiohttp already holds (one socket read, ~256 KB at most)
                 # as it is. read(n) joined the pieces into a fresh object of up to chunk_bytes: a copy of
                 # every byte, into newly mapped pages, that cost ~0.3-0.5 CPU s/GB on loopback
@@ -224,14 +206,6 @@ class HttpBackend:
                 # byte budget's per-reader slack stays one chunk. aiohttp's own buffer stays at its 64 KiB
                 # default: it is memory outside max_buffered_bytes, per connection.
                 chunk, http_chunk_end = await content.readchunk()
-            except asyncio.TimeoutError:
-                raise TransientError(f"stalled: no data for {self._timeout.sock_read} s", url=url,
-                                     offset=pos) from None
-            except aiohttp.ClientPayloadError as exc:
-                raise TransientError(f"connection closed mid-body ({exc.__class__.__name__})", url=url,
-                                     offset=pos) from None
-            except aiohttp.ClientError as exc:
-                raise TransientError(f"read failed: {_safe(exc)}", url=url, offset=pos) from None
             if not chunk:
                 if http_chunk_end:
                     continue  # the end of one chunk of a chunked-encoding body, not of the body
@@ -263,13 +237,11 @@ class HttpBackend:
         shown = redact_url(url)
         target, headers = await self.resolve(url, 0, None, "HEAD")
         headers.pop("Range", None)
-        try:
+        with map_aiohttp_errors(shown):
             async with self._get_session().head(target, headers=headers, allow_redirects=True) as response:
                 if response.status != 200:
                     raise await self.response_error(response, shown, 0)
                 return response.content_length
-        except aiohttp.ClientError as exc:
-            raise TransientError(f"HEAD failed: {_safe(exc)}", url=shown) from None
 
     async def list(self, pattern: str) -> list[str]:
         raise BackendError("plain http(s) has no listing API: give the shard names with a brace pattern such as "

@@ -8,6 +8,8 @@ raises :class:`~wds_async.errors.PipeError` with the status and the tail of the 
 The command runs in its own process group; when the consumer stops early the whole group gets SIGTERM
 and, after a short grace, SIGKILL, and is reaped: we never wait for a command to finish on its own.
 A pipe cannot seek, so ``open(start=N)`` re-runs the command and discards the first ``N`` bytes.
+An open cancelled while the command starts lets the start finish and then stops the command (Python
+3.11's ``create_subprocess_shell`` hangs when cancelled mid-start).
 """
 
 from __future__ import annotations
@@ -68,8 +70,8 @@ class PipeBackend:
     #: is never split into concurrent parts.
     ranged_reads = False
 
-    def __init__(self, *, chunk_bytes: int = 1 << 20, kill_grace: float = 1.0, allow_pipe: bool | None = None,
-                 **_: object) -> None:
+    def __init__(self, *, chunk_bytes: int = 1 << 20, kill_grace: float = 1.0, allow_pipe: bool | None = None
+                 ) -> None:
         self.chunk_bytes = chunk_bytes
         self.buffer_allowance = chunk_bytes  # one read in flight per command, counted in the byte budget
         self.kill_grace = kill_grace
@@ -81,13 +83,7 @@ class PipeBackend:
             raise UrlError("pipe: URLs are disabled (WDS_ASYNC_NO_PIPE is set or allow_pipe=False)", url=url)
         cmd = pipe_command(url)
         with tempfile.TemporaryFile() as errfile:
-            try:
-                proc = await asyncio.create_subprocess_shell(
-                    cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=errfile,
-                    start_new_session=True,
-                )
-            except OSError as exc:
-                raise BackendError(f"cannot start the shell for the pipe: command: {exc}", url=url) from None
+            proc = await self._spawn(cmd, errfile, url)
             stream = ByteStream(self._chunks(proc, errfile, url, start, end), start=start)
             try:
                 yield stream
@@ -128,6 +124,29 @@ class PipeBackend:
         if skip:
             raise BackendError(f"pipe: output ended after {start - skip} bytes, before the resume offset {start}",
                                url=url, offset=start - skip)
+
+    async def _spawn(self, cmd: str, errfile: IO[bytes], url: str) -> asyncio.subprocess.Process:
+        """Start ``cmd`` in its own process group, its stdout piped to us and its stderr into ``errfile``.
+
+        Python 3.11 hangs for good when ``create_subprocess_shell`` is cancelled after the fork (its cleanup
+        waits for pipes that were never connected; 3.12 fixed it), and a consumer that stops early cancels
+        exactly there. So the start runs shielded in a task of its own; a cancellation waits for it (a fork
+        and an exec: milliseconds), stops the command, then propagates."""
+        start = asyncio.ensure_future(asyncio.create_subprocess_shell(
+            cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=errfile,
+            start_new_session=True,
+        ))
+        try:
+            return await asyncio.shield(start)
+        except asyncio.CancelledError:
+            while not start.done():
+                with suppress(asyncio.CancelledError):
+                    await asyncio.shield(start)
+            if not start.cancelled() and start.exception() is None:
+                await self._stop(start.result())
+            raise
+        except OSError as exc:
+            raise BackendError(f"cannot start the shell for the pipe: command: {exc}", url=url) from None
 
     async def _stop(self, proc: asyncio.subprocess.Process) -> None:
         """Terminate the command's process group if it still runs; always reap it."""

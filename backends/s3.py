@@ -9,6 +9,13 @@ shared aiohttp session, with no thread per download. Presigning reads the (refre
 and a refresh may block on STS or the metadata service, so it runs in a thread via ``asyncio.to_thread``;
 that is one hop per request, not per chunk. Listing uses the SDK's paginator, off the loop too.
 
+A bucket in another region than the one configured needs no setting: S3 answers a request signed for
+the wrong region with ``301 PermanentRedirect`` (the region in the ``x-amz-bucket-region`` header) or
+``400 AuthorizationHeaderMalformed`` (in the XML ``<Region>``), a HEAD with 301/400 and the header. The
+backend then remembers the bucket's region (per instance), signs again for it (and, on AWS, for its
+regional endpoint) and retries once; later requests for the bucket are signed for it from the start.
+Listing goes through the SDK, whose own region redirector (always on for S3 clients) does the same.
+
 Throttling (``503 SlowDown``) and 5xx are transient and retried by the engine; 403 names the
 credential source botocore used (``env``, ``shared-credentials-file``, ``assume-role``, ...), never a key.
 """
@@ -16,21 +23,28 @@ credential source botocore used (``env``, ``shared-credentials-file``, ``assume-
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import logging
+import re
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
+import aiohttp
 import boto3
 import botocore.exceptions
 from botocore import UNSIGNED
 from botocore.config import Config
 
-from wds_async.errors import BackendError, NotFound, PermissionDenied, Throttled, TransientError, UrlError
+from wds_async.errors import BackendError, PermissionDenied, TransientError, UrlError
+from wds_async.urls import redact_text
 
-from .base import glob_prefix, glob_regex
+from .base import ByteStream, ObjectIdentity, glob_prefix, glob_regex, status_error
 from .http import HttpBackend
 
-__all__ = ["S3Backend", "split_s3_url"]
+__all__ = ["S3Backend", "WrongRegion", "split_s3_url"]
+
+log = logging.getLogger("wds_async")
 
 T = TypeVar("T")
 
@@ -61,12 +75,14 @@ class S3Backend(HttpBackend):
         self.region = region
         self.profile = profile
         self.anonymous = anonymous
-        self._client: Any = None
+        self._clients: dict[str | None, Any] = {}  # signing region (None: the configured one) -> client
         self._client_lock: asyncio.Lock | None = None
+        #: bucket -> the region the store named for it in a redirect; requests for it are signed for that.
+        self.bucket_regions: dict[str, str] = {}
         self.credential_source = "not resolved yet"
 
     # -- the SDK, off the loop -------------------------------------------------------------------
-    def _make_client(self) -> Any:
+    def _make_client(self, region: str | None) -> Any:
         session = boto3.Session(profile_name=self.profile) if self.profile else boto3.Session()
         config = Config(
             signature_version=UNSIGNED if self.anonymous else "s3v4",
@@ -74,7 +90,8 @@ class S3Backend(HttpBackend):
             retries={"max_attempts": 2, "mode": "standard"},
             max_pool_connections=4,
         )
-        client = session.client("s3", endpoint_url=self.endpoint_url, region_name=self.region, config=config)
+        client = session.client("s3", endpoint_url=self.endpoint_url, region_name=region or self.region,
+                                config=config)
         if self.anonymous:
             self.credential_source = "anonymous (unsigned requests)"
         else:
@@ -82,15 +99,17 @@ class S3Backend(HttpBackend):
             self.credential_source = creds.method if creds is not None else "none found"
         return client
 
-    async def _sdk(self, fn: Callable[..., T], *args: Any, url: str, **kwargs: Any) -> T:
-        """Run a blocking SDK call in a thread and translate its errors at this boundary."""
+    async def _sdk(self, fn: Callable[..., T], *args: Any, url: str, region: str | None = None, **kwargs: Any) -> T:
+        """Run a blocking SDK call in a thread, with the client signing for ``region`` (None: the configured
+        one), and translate its errors at this boundary."""
         if self._client_lock is None:
             self._client_lock = asyncio.Lock()
         async with self._client_lock:
-            if self._client is None:
-                self._client = await asyncio.to_thread(self._make_client)
+            client = self._clients.get(region)
+            if client is None:
+                client = self._clients[region] = await asyncio.to_thread(self._make_client, region)
         try:
-            return await asyncio.to_thread(fn, self._client, *args, **kwargs)
+            return await asyncio.to_thread(fn, client, *args, **kwargs)
         except botocore.exceptions.NoCredentialsError:
             raise PermissionDenied(
                 "no AWS credentials found: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE, or pass "
@@ -99,38 +118,114 @@ class S3Backend(HttpBackend):
             raise self._client_error(exc, url) from None
         except (botocore.exceptions.EndpointConnectionError, botocore.exceptions.ConnectionClosedError,
                 botocore.exceptions.ReadTimeoutError, botocore.exceptions.ConnectTimeoutError) as exc:
-            raise TransientError(f"S3 request failed: {exc}", url=url) from None
+            raise TransientError(f"S3 request failed: {redact_text(str(exc))}", url=url) from None
         except botocore.exceptions.BotoCoreError as exc:
-            raise BackendError(f"S3 client error: {exc}", url=url) from None
+            raise BackendError(f"S3 client error: {redact_text(str(exc))}", url=url) from None
 
     def _client_error(self, exc: botocore.exceptions.ClientError, url: str) -> Exception:
-        code = str(exc.response.get("Error", {}).get("Code", ""))
+        """An error answer to an SDK call, mapped by ``status_error`` as the byte path's answers are."""
+        error = exc.response.get("Error", {})
+        code, message = str(error.get("Code", "")), redact_text(str(error.get("Message", "")))
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-        if code in ("NoSuchBucket", "NoSuchKey", "404") or status == 404:
-            return NotFound(f"S3 {code or 'HTTP 404'}: check the bucket and key", url=url)
-        if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403") or status in (401, 403):
-            return PermissionDenied(f"S3 {code or 'HTTP 403'}: access denied [{self.auth_description()}]", url=url)
-        if code in ("SlowDown", "ServiceUnavailable", "TooManyRequests") or status in (429, 503):
-            return Throttled(f"S3 {code or status}: the store asks to slow down", url=url)
-        if code in ("RequestTimeout", "InternalError") or status >= 500:
-            return TransientError(f"S3 {code or status}: the store is throttling or failing", url=url)
-        return BackendError(f"S3 {code or status}: {exc}", url=url)
+        auth = self.auth_description() if status in (401, 403) else ""
+        return status_error(status, url, f"S3 {code}" if code else "", code=code, notes=(message, auth))
 
     # -- HttpBackend hooks -------------------------------------------------------------------------
     async def resolve(self, url: str, start: int, end: int | None, method: str = "GET") -> tuple[str, dict[str, str]]:
         bucket, key = split_s3_url(url)
         operation = "head_object" if method == "HEAD" else "get_object"
-        target = await self._sdk(_presign, operation, bucket, key, url=url)
+        target = await self._sdk(_presign, operation, bucket, key, url=url, region=self.bucket_regions.get(bucket))
         return target, await self.request_headers(url, start, end)
+
+    # -- a bucket in another region: learn it from the answer, sign again, retry once ------------------
+    @asynccontextmanager
+    async def open(self, url: str, *, start: int = 0, end: int | None = None,
+                   expect: ObjectIdentity | None = None) -> AsyncIterator[ByteStream]:
+        opened = False
+        try:
+            async with super().open(url, start=start, end=end, expect=expect) as stream:
+                opened = True
+                yield stream
+            return
+        except WrongRegion as exc:
+            if opened:  # not ours: raised by the caller's code while it read the stream
+                raise
+            self._learn_region(url, exc.region)
+        async with super().open(url, start=start, end=end, expect=expect) as stream:
+            yield stream
+
+    async def size(self, url: str) -> int | None:
+        try:
+            return await super().size(url)
+        except WrongRegion as exc:
+            self._learn_region(url, exc.region)
+        return await super().size(url)
+
+    def _learn_region(self, url: str, region: str) -> None:
+        bucket, _ = split_s3_url(url)
+        log.debug("S3 bucket %s is in region %s; signing its requests for that region (backend_options "
+                  "{'s3': {'region': %r}} avoids this first redirect)", bucket, region, region)
+        self.bucket_regions[bucket] = region
+
+    async def response_error(self, response: aiohttp.ClientResponse, shown: str, offset: int) -> Exception:
+        """A :class:`WrongRegion` when S3 names another region for the bucket than the one the request was
+        signed for (301/307 or 400, from the ``x-amz-bucket-region`` header or the XML ``<Region>``)."""
+        if response.status not in (301, 307, 400):
+            return await super().response_error(response, shown, offset)
+        body = b""
+        if response.method != "HEAD":
+            try:
+                body = await response.content.read(4096)
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                pass
+        code = _xml(body, "Code") or str(response.status)
+        region = response.headers.get("x-amz-bucket-region") or _xml(body, "Region")
+        signed = _signed_region(str(response.url), response.request_info.headers.get("Authorization", ""))
+        if region and region != signed:
+            return WrongRegion(f"S3 {code}: the bucket is in region {region!r}, the request was signed for "
+                               f"{signed!r}; backend_options={{'s3': {{'region': {region!r}}}}} names it",
+                               region=region, url=shown, offset=offset)
+        err = status_error(response.status, shown, response.reason or "", offset=offset)
+        if isinstance(err, BackendError):
+            named = f"; refused although signed for the region the store names, {region!r}" if region else ""
+            err.message = f"{err.message} [{code}{named}]"
+        return err
 
     def auth_description(self) -> str:
         return f"AWS credentials: {self.credential_source}"
 
     async def list(self, pattern: str) -> list[str]:
         bucket, key_pattern = split_s3_url(pattern)
-        keys = await self._sdk(_list_keys, bucket, glob_prefix(key_pattern), url=pattern)
+        keys = await self._sdk(_list_keys, bucket, glob_prefix(key_pattern), url=pattern,
+                               region=self.bucket_regions.get(bucket))
         regex = glob_regex(key_pattern)
         return [f"s3://{bucket}/{k}" for k in sorted(keys) if regex.match(k)]
+
+
+class WrongRegion(BackendError):
+    """S3 named another region for the bucket (``region``) than the request was signed for. The backend
+    retries once signed for it; this reaches the caller only when that retry is refused too."""
+
+    def __init__(self, message: str, *, region: str, url: str | None = None, offset: int | None = None) -> None:
+        super().__init__(message, url=url, offset=offset)
+        self.region = region
+
+
+def _xml(body: bytes, tag: str) -> str:
+    """The text of the first ``<tag>`` in an S3 error body, or ''."""
+    m = re.search(rb"<" + tag.encode() + rb">([^<]{1,200})</" + tag.encode() + rb">", body)
+    return m.group(1).decode("utf-8", "replace").strip() if m else ""
+
+
+def _signed_region(url: str, authorization: str) -> str | None:
+    """The region in a SigV4 credential scope (``AKID/DATE/REGION/s3/aws4_request``): the presigned URL's
+    ``X-Amz-Credential``, else the ``Authorization`` header's ``Credential=``; None when unsigned."""
+    scope = parse_qs(urlsplit(url).query).get("X-Amz-Credential", [""])[0]
+    if not scope:
+        m = re.search(r"Credential=([^,\s]+)", authorization)
+        scope = m.group(1) if m else ""
+    parts = scope.split("/")
+    return parts[2] if len(parts) >= 5 else None
 
 
 def _env_endpoint() -> str | None:

@@ -59,6 +59,13 @@ SCENARIOS = {
 }
 
 
+def _poll_stats(ds: Any, done: threading.Event, timeline: list[tuple[float, int, int]], started: float) -> None:
+    """Every 0.25 s until ``done``: (seconds since ``started``, requests, throttled) appended to ``timeline``."""
+    while not done.wait(0.25):
+        s = ds.stats()
+        timeline.append((time.perf_counter() - started, s["requests"], s["throttled"]))
+
+
 def _run(urls: list[str], connections: int | str, epochs: int) -> list[dict[str, Any]]:
     import wds_async as wds
 
@@ -72,13 +79,7 @@ def _run(urls: list[str], connections: int | str, epochs: int) -> list[dict[str,
         timeline: list[tuple[float, int, int]] = []
         done = threading.Event()
         started = time.perf_counter()
-
-        def sample() -> None:
-            while not done.wait(0.25):
-                s = ds.stats()
-                timeline.append((time.perf_counter() - started, s["requests"], s["throttled"]))
-
-        sampler = threading.Thread(target=sample, daemon=True)
+        sampler = threading.Thread(target=_poll_stats, args=(ds, done, timeline, started), daemon=True)
         sampler.start()
         n = 0
         for _sample in ds:

@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.cloud", description=__doc__.split("\n\n")[0])
     parser.add_argument("--stores", default="s3,gs,az")
     parser.add_argument("--shards", type=int, default=8)
-    parser.add_argument("--shard-size", default="8MB")
+    parser.add_argument("--shard-size", default="8MiB")
     parser.add_argument("-c", "--connections", type=int, default=8)
     parser.add_argument("--dir", default=str(ROOT / ".bench" / "cloud-shards"))
     args = parser.parse_args(argv)

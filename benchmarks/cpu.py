@@ -46,35 +46,19 @@ CASES: dict[str, tuple[int, int, int, tuple[str, ...]]] = {
 def _phase_raw(urls: list[str], connections: int) -> dict[str, Any]:
     import asyncio
 
-    from wds_async.bridge import new_event_loop
-    from wds_async.config import EngineConfig
-    from wds_async.engine import BackendSet
+    from wds_async._loop import run_private
+    from wds_async._rawread import drain, raw_backends
 
-    total = 0
+    async def download_all() -> int:
+        async with raw_backends(connections) as backends:
+            shards = iter(urls)
 
-    async def download_all() -> None:
-        nonlocal total
-        backends = BackendSet(EngineConfig(max_connections=connections))
-        shards = iter(urls)
+            async def worker() -> int:
+                return sum([await drain(backends, url) for url in shards])
 
-        async def worker() -> None:
-            nonlocal total
-            for url in shards:
-                async with backends.for_url(url).open(url) as stream:
-                    async for chunk in stream:
-                        total += len(chunk)
+            return sum(await asyncio.gather(*(worker() for _ in range(min(connections, len(urls))))))
 
-        try:
-            await asyncio.gather(*(worker() for _ in range(min(connections, len(urls)))))
-        finally:
-            await backends.aclose()
-
-    loop = new_event_loop()
-    try:
-        loop.run_until_complete(download_all())
-    finally:
-        loop.close()
-    return {"bytes": total, "samples": None}
+    return {"bytes": run_private(download_all), "samples": None}
 
 
 def _phase_loader(urls: list[str], connections: int) -> dict[str, Any]:

@@ -1,13 +1,17 @@
 """Synthetic WebDataset shards, byte-for-byte reproducible from a seed.
 
-    python -m benchmarks.make_shards OUTDIR --shards 16 --shard-size 16MB --sample-size 100KB [--seed 0] [--gz]
+    python -m benchmarks.make_shards OUTDIR --shards 16 --shard-size 16MiB --sample-size 100KiB [--seed 0] [--gz]
+
+Sizes are binary here: ``K``/``M``/``G``, with or without ``i`` and ``B``, are powers of 1024, so ``16MB``
+means 16 MiB as in the recorded benchmark runs (wds-async's own options read ``MB`` as 10**6; write ``MiB``).
 
 Each shard ``{prefix}-{shard:06d}.tar`` holds samples keyed ``s{shard:06d}_{index:06d}`` (no dot, so
 the WebDataset key is the whole name) with three members: ``KEY.bin`` (random bytes, ``sample_bytes``
 +-20%), ``KEY.cls`` (an integer in ASCII) and ``KEY.json`` (``shard``, ``index``, ``cls`` and the
-``sha1`` of the .bin bytes). Samples are added while the shard stays within ``shard_bytes`` (at
-least one per shard), so a shard may be slightly smaller than asked and, by the tar record padding,
-at most 10 KiB larger.
+``sha1`` of the .bin bytes). The .bin lengths differ, as real payloads do, so batching them takes a
+``collation_fn`` that pads or crops (README, "Using it"). Samples are added while the shard stays within
+``shard_bytes`` (at least one per shard), so a shard may be slightly smaller than asked and, by the tar
+record padding, at most 10 KiB larger.
 
 ``OUTDIR/manifest.json`` records the parameters, each shard's name, byte size and sample count, and
 ``expected_samples``: a reader that sees every sample exactly once sees that many distinct keys.
@@ -33,20 +37,17 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-__all__ = ["MANIFEST", "make_shards", "main", "parse_size"]
+from wds_async.node import parse_bytes
+
+__all__ = ["MANIFEST", "main", "make_shards", "parse_size"]
 
 MANIFEST = "manifest.json"
 _FORMAT = "wds-async-synthetic/1"  # bump when the bytes a seed produces change
 _BLOCK = tarfile.BLOCKSIZE
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
 def parse_size(text: str) -> int:
-    """``"16MB"``, ``"100KiB"``, ``"1.5G"`` or ``"4096"`` in bytes (K/M/G are powers of 1024)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([kKmMgGtT]?)(?:i?[bB])?\s*", text)
-    if m is None:
-        raise ValueError(f"not a size: {text!r}")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    """``"16MiB"``, ``"100KiB"``, ``"1.5GB"`` or ``"4096"`` in bytes, by the README's one rule: KB/MB/GB are powers
+    of 1000, KiB/MiB/GiB powers of 1024 (the same reading as every size option of the library)."""
+    return parse_bytes(text, "size")
 
 
 def make_shards(outdir: str | os.PathLike[str], n_shards: int = 16, shard_bytes: int = 16 << 20,
@@ -163,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.make_shards", description=__doc__.split("\n")[0])
     p.add_argument("outdir")
     p.add_argument("--shards", type=int, default=16, help="number of shards (default 16)")
-    p.add_argument("--shard-size", type=parse_size, default=16 << 20, help="bytes per shard, e.g. 16MB")
-    p.add_argument("--sample-size", type=parse_size, default=100 << 10, help="mean .bin size, e.g. 100KB")
+    p.add_argument("--shard-size", type=parse_size, default=16 << 20, help="bytes per shard, e.g. 16MiB (MiB = 2**20, MB = 10**6)")
+    p.add_argument("--sample-size", type=parse_size, default=100 << 10, help="mean .bin size, e.g. 100KiB (KiB = 2**10, KB = 10**3)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--gz", action="store_true", help="write .tar.gz shards")
     p.add_argument("--prefix", default="shard", help="shard file name prefix (default 'shard')")

@@ -36,9 +36,9 @@ ROOT = Path(__file__).resolve().parent.parent
 BUCKET = "bench"
 
 SCENARIOS: dict[str, dict[str, Any]] = {
-    "a": {"ttfb": 0.05, "bw": 20e6, "shard_size": "16MB", "shards": 64, "sample_size": "100KB",
+    "a": {"ttfb": 0.05, "bw": 20e6, "shard_size": "16MiB", "shards": 64, "sample_size": "100KiB",
           "title": "(a) 50 ms, 20 MB/s per connection, 16 MB shards"},
-    "b": {"ttfb": 0.2, "bw": 10e6, "shard_size": "1MB", "shards": 256, "sample_size": "100KB",
+    "b": {"ttfb": 0.2, "bw": 10e6, "shard_size": "1MiB", "shards": 256, "sample_size": "100KiB",
           "title": "(b) 200 ms, 10 MB/s per connection, 1 MB shards"},
 }
 

@@ -274,8 +274,9 @@ async def start_store(root: str | os.PathLike[str], host: str = "127.0.0.1", por
     With ``ssl_context`` (see :func:`server_tls`) it serves https.
     """
     host = check_host(host)
-    real_root = Path(os.path.realpath(root))
-    if not real_root.is_dir():
+    # Once, at startup, before anything is served: nothing on the loop waits for these two stats.
+    real_root = Path(os.path.realpath(root))  # noqa: ASYNC240
+    if not real_root.is_dir():  # noqa: ASYNC240
         raise NotADirectoryError(f"store root is not a directory: {root}")
     store = _Store(real_root, knobs)
     access_log = logging.getLogger("aiohttp.access") if verbose else None

@@ -25,9 +25,12 @@ import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from benchmarks.store import CA_FILE, Knobs, check_host
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["StoreProcess"]
 
@@ -44,7 +47,9 @@ class StoreProcess:
     certificate (for 127.0.0.1 and localhost), valid until the store is closed.
     """
 
-    def __init__(self, root: str | os.PathLike[str], knobs: Knobs = Knobs(), *, host: str = "127.0.0.1",
+    def __init__(self, root: str | os.PathLike[str],
+                 knobs: Knobs = Knobs(),  # noqa: B008 - frozen, so one shared default is safe
+                 *, host: str = "127.0.0.1",
                  verbose: bool = False, startup_timeout: float = 20.0, https: bool = False) -> None:
         self.root = Path(root)
         self.knobs = knobs
@@ -65,7 +70,7 @@ class StoreProcess:
     def returncode(self) -> int | None:
         return None if self._proc is None else self._proc.returncode
 
-    def __enter__(self) -> StoreProcess:
+    def __enter__(self) -> Self:
         self.start()
         return self
 

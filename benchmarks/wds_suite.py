@@ -111,9 +111,9 @@ def synthesize(path: Path, count: int = 47) -> None:
 
 def _uses_internal(node: ast.AST, internal_aliases: set[str]) -> bool:
     for sub in ast.walk(node):
-        if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name):
-            if sub.value.id == "wds" and sub.attr in INTERNAL:
-                return True
+        if (isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id == "wds"
+                and sub.attr in INTERNAL):
+            return True
         if isinstance(sub, ast.Name) and sub.id in internal_aliases:
             return True
     return False

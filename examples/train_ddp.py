@@ -28,6 +28,7 @@ Samples are the synthetic ones of ``python -m benchmarks.make_shards``: a ``.bin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import os
@@ -118,30 +119,29 @@ def main() -> None:
         print(f"rank {rank}: resuming epoch {start_epoch} after step {step} from {path}", flush=True)
 
     loss, log = torch.tensor(float("nan")), None
-    if args.log_dir:
-        os.makedirs(args.log_dir, exist_ok=True)
-        log = open(os.path.join(args.log_dir, f"rank{rank}.jsonl"), "a")
-    for epoch in range(start_epoch, args.epochs):
-        ds.set_epoch(epoch)  # the shard order of this epoch, the same on every rank
-        for features, labels, keys in loader:
-            if rank == 0 and step + 1 == args.die_at_step:
-                os.kill(os.getpid(), signal.SIGKILL)  # a preemption, before this step is trained or saved
-            loss = torch.nn.functional.cross_entropy(model(features.to(device)), labels.to(device))
-            optimizer.zero_grad()
-            loss.backward()  # DDP all-reduces the gradients here
-            optimizer.step()
-            step += 1
-            if log is not None:
-                log.write(json.dumps({"epoch": epoch, "step": step, "keys": list(keys)}) + "\n")
-                log.flush()
-            if args.checkpoint_every and step % args.checkpoint_every == 0:
-                save_checkpoint(args.checkpoint_dir, rank, step, {
-                    "model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
-                    "epoch": epoch, "step": step, "loader": loader.state_dict()})
-        if rank == 0:
-            print(f"epoch {epoch} done after step {step}, loss {loss.item():.3f}", flush=True)
-    if log is not None:
-        log.close()
+    with contextlib.ExitStack() as stack:  # closes the log, if any, when training ends (or fails)
+        if args.log_dir:
+            os.makedirs(args.log_dir, exist_ok=True)
+            log = stack.enter_context(open(os.path.join(args.log_dir, f"rank{rank}.jsonl"), "a"))
+        for epoch in range(start_epoch, args.epochs):
+            ds.set_epoch(epoch)  # the shard order of this epoch, the same on every rank
+            for features, labels, keys in loader:
+                if rank == 0 and step + 1 == args.die_at_step:
+                    os.kill(os.getpid(), signal.SIGKILL)  # a preemption, before this step is trained or saved
+                loss = torch.nn.functional.cross_entropy(model(features.to(device)), labels.to(device))
+                optimizer.zero_grad()
+                loss.backward()  # DDP all-reduces the gradients here
+                optimizer.step()
+                step += 1
+                if log is not None:
+                    log.write(json.dumps({"epoch": epoch, "step": step, "keys": list(keys)}) + "\n")
+                    log.flush()
+                if args.checkpoint_every and step % args.checkpoint_every == 0:
+                    save_checkpoint(args.checkpoint_dir, rank, step, {
+                        "model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
+                        "epoch": epoch, "step": step, "loader": loader.state_dict()})
+            if rank == 0:
+                print(f"epoch {epoch} done after step {step}, loss {loss.item():.3f}", flush=True)
     dist.destroy_process_group()
 
 

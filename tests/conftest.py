@@ -51,7 +51,7 @@ def store(shard_dir: Path) -> Iterator[StoreProcess]:
 
 @pytest.fixture(scope="session")
 def pattern(store: StoreProcess) -> str:
-    return store.base_url + "shard-{000000..%06d}.tar" % (N_SHARDS - 1)
+    return store.base_url + f"shard-{{000000..{N_SHARDS - 1:06d}}}.tar"
 
 
 def sample_digest(samples: Iterable[dict]) -> tuple[int, str]:  # type: ignore[type-arg]

@@ -11,7 +11,10 @@ import asyncio
 import sys
 from collections.abc import Coroutine
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 T = TypeVar("T")
 
@@ -24,7 +27,7 @@ class _TaskGroup310:
         self._error: BaseException | None = None
         self._parent: asyncio.Task[Any] | None = None
 
-    async def __aenter__(self) -> _TaskGroup310:
+    async def __aenter__(self) -> Self:
         self._parent = asyncio.current_task()
         return self
 

@@ -1,14 +1,27 @@
-"""Running one coroutine to completion on a private event loop, from synchronous code.
+"""Running one coroutine to completion on a private event loop, from synchronous code: the one way the
+library and the CLI do so outside the streaming bridge (glob listing, building and loading an index,
+``tune``, ``bench``'s raw phase, ``ls -l``, ``cat``, ``verify``).
 
-For one-shot work outside the streaming bridge (building or loading an index). The loop is the
-bridge's choice (uvloop when importable). When the calling thread already runs a loop (a notebook),
-the private loop runs in a helper thread instead and the caller waits for it.
+The loop is the bridge's choice (uvloop when importable), driven by :class:`asyncio.Runner` (a loop of
+our own on Python 3.10, which lacks it). On the way out every task still left on the loop is cancelled
+and waited for (so their streams, sockets and child processes close), then async generators and the
+default executor are finalized, and the loop is closed.
+
+* From a thread that runs no loop (a script, the CLI), the coroutine runs right there. In the main
+  thread Ctrl-C cancels it (its ``finally`` blocks and context managers run) and then raises
+  :class:`KeyboardInterrupt`, as :func:`asyncio.run` does.
+* From a thread that already runs a loop (a notebook cell, an async web handler), a loop cannot be
+  nested, so the private loop runs in a helper thread and the caller blocks until it is done. If the
+  wait is interrupted, the coroutine is cancelled and waited for before the interrupt propagates.
+
+The coroutine is created by ``make()`` in the thread that runs it, so it never exists unawaited in
+another thread.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -20,30 +33,82 @@ T = TypeVar("T")
 
 
 def run_private(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Return the result of ``make()`` run on a fresh event loop (the coroutine is created in the
-    thread that runs it), closing the loop and everything left on it before returning."""
+    """Return the result of ``make()`` run on a fresh event loop, or raise its exception (see the module
+    docstring); nothing of the loop outlives the call."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        pass  # (not run in here: its errors would carry this one as their context)
+        pass  # (not run in here: its errors would carry this RuntimeError as their context)
     else:
-        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="wds-async-private-loop") as pool:
-            return pool.submit(_run, make).result()
-    return _run(make)
+        return _Helper(make).wait()  # type: ignore[no-any-return]
+    return _run_here(make())
 
 
-def _run(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+def _run_here(coro: Coroutine[Any, Any, T]) -> T:
+    runner_class = getattr(asyncio, "Runner", None)  # Python 3.11+
+    if runner_class is not None:
+        with runner_class(loop_factory=new_event_loop) as runner:
+            return runner.run(coro)  # type: ignore[no-any-return]
     loop = new_event_loop()
     try:
-        return loop.run_until_complete(make())
+        return loop.run_until_complete(coro)
     finally:
-        try:  # as asyncio.run: an interrupt leaves tasks behind; cancel them so their streams close
+        try:  # as asyncio.Runner.close(): an interrupt leaves tasks behind; cancel them so their streams close
             pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
             if pending:
-                for task in pending:
-                    task.cancel()
                 loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.run_until_complete(loop.shutdown_default_executor())
         finally:
             loop.close()
+
+
+class _Helper:
+    """``make()`` on a private loop in a helper thread, for a caller whose own thread runs a loop."""
+
+    def __init__(self, make: Callable[[], Coroutine[Any, Any, T]]) -> None:
+        self._make = make
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._started = threading.Event()
+        self._done = threading.Event()
+        self._outcome: tuple[bool, Any] = (False, RuntimeError("the private loop thread ended without a result"))
+        self._thread = threading.Thread(target=self._main, name="wds-async-private-loop", daemon=True)
+
+    def wait(self) -> Any:
+        self._thread.start()
+        # An Event, not Thread.join(): on Python 3.11 a join() that an interrupt cut short marks the thread as
+        # finished, and the second join() would return at once, before the cancelled work has cleaned up.
+        try:
+            self._done.wait()
+        except BaseException:  # KeyboardInterrupt or SystemExit in the caller: stop the work, then re-raise
+            self._started.wait()
+            loop, task = self._loop, self._task
+            if loop is not None and task is not None:
+                try:
+                    loop.call_soon_threadsafe(task.cancel)
+                except RuntimeError:  # the loop has just closed: nothing left to cancel
+                    pass
+            self._done.wait()
+            raise
+        ok, value = self._outcome
+        if ok:
+            return value
+        raise value
+
+    async def _run(self) -> Any:
+        self._loop, self._task = asyncio.get_running_loop(), asyncio.current_task()
+        self._started.set()
+        return await self._make()
+
+    def _main(self) -> None:
+        try:
+            self._outcome = (True, _run_here(self._run()))
+        except BaseException as exc:  # handed to the caller's thread, raised there
+            self._outcome = (False, exc)
+        finally:
+            self._loop = self._task = None
+            self._started.set()
+            self._done.set()

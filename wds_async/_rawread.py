@@ -19,7 +19,7 @@ __all__ = ["drain", "raw_backends"]
 @asynccontextmanager
 async def raw_backends(connections: int, options: dict[str, Any] | None = None) -> AsyncIterator[Any]:
     """A ``BackendSet`` whose pools allow ``connections`` requests at once, closed on exit."""
-    from .engine import BackendSet
+    from .backends import BackendSet
 
     backends = BackendSet(EngineConfig(max_connections=connections), options=options)
     try:

@@ -12,6 +12,7 @@ names the URL.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import math
 import re
@@ -72,7 +73,7 @@ class _Window:
             self.requests += 1
             sent, first = loop.time(), True
 
-            def on_chunk(n: int) -> None:
+            def on_chunk(n: int, sent: float = sent) -> None:
                 nonlocal first
                 if first:
                     first = False
@@ -167,8 +168,9 @@ async def run_sweep(urls: list[str], levels: Sequence[int], seconds: float, part
         whole = itertools.cycle([(u, 0, None) for u in urls])
         for level in levels:
             label = f"{level} conns"
+            # len(sweep) is this step's number until _measure returns: bound now, as the label is.
             sweep.append(await _measure(backends, whole, level, None, seconds,
-                                        lambda rate: progress(len(sweep), steps, label, rate)))
+                                        functools.partial(progress, len(sweep), steps, label)))
             progress(len(sweep), steps, label, sweep[-1].mb_s)
             if stop(sweep):
                 break
@@ -180,6 +182,6 @@ async def run_sweep(urls: list[str], levels: Sequence[int], seconds: float, part
             label = f"{knee} conns x {part_name(part)} parts"
             done = len(levels) + len(parts)
             parts.append(await _measure(backends, _part_jobs(urls, sizes, part), knee, part, seconds,
-                                        lambda rate: progress(done, steps, label, rate)))
+                                        functools.partial(progress, done, steps, label)))
             progress(done + 1, steps, label, parts[-1].mb_s)
     return sweep, parts, knee

@@ -9,8 +9,7 @@ import sys
 from typing import Any
 
 from .errors import MissingDependency, WdsError
-from .tune import (DEFAULT_LEVELS, MAX_THROTTLED, TOLERANCE, Measurement, TuneResult, size_text, throttled_fraction,
-                   tune)
+from .tune import DEFAULT_LEVELS, MAX_THROTTLED, TOLERANCE, Measurement, TuneResult, size_text, throttled_fraction, tune
 
 __all__ = ["add_arguments", "command", "format_table", "save_plot"]
 

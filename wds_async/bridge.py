@@ -1,18 +1,27 @@
 """The one seam between the asyncio engine and the synchronous consumer.
 
-A :class:`Bridge` owns a daemon thread running an event loop (uvloop when importable), the engine's
-task inside it, and shutdown. The consumer thread pulls *lists* of samples with :meth:`Bridge.batches`;
-each list costs one cross-thread hand-off (``run_coroutine_threadsafe``), not one per sample. Errors
-travel as values through the channel and are raised in the consumer's thread by the caller.
+A :class:`Bridge` owns a daemon thread running an event loop (uvloop when importable, see
+:func:`new_event_loop`), the engine's task inside it, and shutdown. The consumer pulls *lists* of items with
+:meth:`Bridge.batches`: it takes them straight from the :class:`~wds_async.queues.SampleChannel` under the
+channel's lock, in its own thread, at most ``handoff_max_samples`` items and ``EngineConfig.handoff_bytes``
+bytes at a time; the loop thread is only notified (``call_soon_threadsafe``) to release the bytes taken from
+the budget, or to wake starved readers, so a busy loop never delays the consumer. Items are samples,
+:class:`~wds_async.work.ItemDone` markers and exceptions: errors travel as values in position and are
+raised in the consumer's thread by the caller (:func:`~wds_async.pipeline.stream_samples`).
 
 Invariants:
 
-* Everything asyncio lives in the loop thread; the consumer only schedules coroutines onto it.
-* :meth:`close` is idempotent, safe from any thread and after a fork: it cancels the engine (which
-  closes sockets, files and child processes through their context managers), closes the backends, and
-  joins the thread. A bridge created in another process (a forked DataLoader worker inherited it) is
-  never touched.
-* A consumer never blocks forever: it waits in short slices and checks the loop thread is alive.
+* Everything asyncio lives in the loop thread; the consumer only reads the channel and schedules callbacks.
+* :meth:`close` is idempotent and safe from any thread: it sets the stop event, on which the loop cancels
+  the engine (which closes sockets, files and child processes through their context managers), abandons
+  the channel and closes the backends; then it joins the thread, for at most ``_JOIN_TIMEOUT`` seconds (a
+  daemon thread that does not stop is logged, not waited on forever). A bridge created in another process
+  (a forked DataLoader worker inherited it) is never touched, and ``batches()`` refuses to run there.
+* A consumer never blocks forever: it waits in slices of ``_POLL`` seconds and checks the loop thread is
+  alive; a dead one is reported as :class:`~wds_async.errors.EngineError` (or the ``MemoryError`` that
+  killed it), never as a bare ``RuntimeError`` or an ``ExceptionGroup``.
+* What reaches the consumer is one exception of our tree (:mod:`wds_async._failures`): a startup error is
+  translated the same way.
 """
 
 from __future__ import annotations
@@ -23,14 +32,20 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._compat import TaskGroup
+from ._failures import translate
+from .backends import BackendSet
 from .config import EngineConfig
-from .engine import BackendSet, Engine
+from .engine import Engine
+from .errors import EngineError
 from .queues import ByteBudget, SampleChannel
 from .stats import Stats
 from .work import ItemDone
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["Bridge", "new_event_loop"]
 
@@ -89,21 +104,21 @@ class Bridge:
         self._thread.start()
         self._ready.wait()
         if self._startup_error is not None:
-            raise self._startup_error
+            raise translate(self._startup_error)
 
     def _run(self) -> None:
         loop = new_event_loop()
         self._loop = loop
         try:
             loop.run_until_complete(self._main())
-        except BaseException as exc:  # noqa: BLE001 - reported to the consumer via _startup_error
+        except BaseException as exc:  # reported to the consumer via _startup_error
             self._startup_error = self._startup_error or exc
             log.debug("wds-async engine loop ended with an error", exc_info=True)
         finally:
             try:
                 loop.run_until_complete(loop.shutdown_asyncgens())
                 loop.run_until_complete(loop.shutdown_default_executor())
-            except BaseException:  # noqa: BLE001 - never let shutdown kill the thread noisily
+            except BaseException:  # never let shutdown kill the thread noisily
                 log.debug("wds-async engine loop shutdown error", exc_info=True)
             finally:
                 try:
@@ -144,7 +159,7 @@ class Bridge:
         (bytes released, waiters woken), so a busy loop never delays the consumer.
         """
         if self._channel is None or self._loop is None or self._thread is None:
-            raise RuntimeError("Bridge.batches() before start()")
+            raise EngineError("Bridge.batches() before start()")
         channel, stats, thread = self._channel, self._stats, self._thread
         budget = channel.budget
         max_items, max_bytes = self._config.handoff_max_samples, self._config.handoff_bytes
@@ -157,17 +172,27 @@ class Bridge:
 
         while True:
             if os.getpid() != self._pid:
-                raise RuntimeError("a wds-async iterator cannot be used across fork(); create it in the child")
+                raise EngineError("a wds-async iterator cannot be used across fork(); create it in the child")
             started = time.perf_counter()
             items, done = channel.take(max_items, max_bytes, _POLL, release, starving)
             if not items and not done and not thread.is_alive():
-                raise RuntimeError("the wds-async engine thread stopped unexpectedly") from self._startup_error
+                raise self._thread_died()
             stats.wait_seconds += time.perf_counter() - started
             stats.samples_delivered += len(items) - list(map(type, items)).count(ItemDone)
             if items:
                 yield items
             if done:
                 return
+
+    def _thread_died(self) -> BaseException:
+        """The error for a loop thread that ended without finishing the channel: what killed it when that
+        was a MemoryError, else an :class:`EngineError` chained to it."""
+        cause = translate(self._startup_error) if self._startup_error is not None else None
+        if isinstance(cause, MemoryError):
+            return cause
+        error = EngineError("the wds-async engine thread stopped unexpectedly")
+        error.__cause__ = cause
+        return error
 
     def _call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
         loop = self._loop
@@ -193,7 +218,7 @@ class Bridge:
             if thread.is_alive():
                 log.warning("wds-async engine thread did not stop within %.0f s", _JOIN_TIMEOUT)
 
-    def __enter__(self) -> Bridge:
+    def __enter__(self) -> Self:
         self.start()
         return self
 

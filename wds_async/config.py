@@ -1,9 +1,19 @@
-"""Engine settings as one frozen, validated dataclass.
+"""Engine settings: :class:`EngineConfig` and its :class:`RetryPolicy`, frozen dataclasses validated at
+construction (a bad value is a ``ValueError`` when the dataset is built, not at the first batch).
 
-Defaults are deliberate: ``max_connections="auto"`` lets the engine find the knee of the store it talks to
-(see :mod:`wds_async.autotune`; ``wds-async tune`` measures the same curve by hand), ``max_buffered_bytes`` bounds the memory the
-engine may hold whatever the consumer does, and the read timeout replaces aiohttp's 5-minute *total*
-timeout, which would kill any shard that takes longer than that to stream.
+Defaults are deliberate:
+
+* ``max_connections="auto"`` lets the engine find the knee of the store it talks to at run time, between
+  ``min_connections`` and ``connection_cap`` (see :mod:`wds_async.autotune`; ``wds-async tune`` measures the
+  same curve by hand). A :class:`~wds_async.WebDataset` hands the engine this process's share of the node
+  budgets (:mod:`wds_async.node`), not these values as given.
+* ``max_buffered_bytes`` bounds the bytes the engine holds whatever the consumer does; the engine also lowers
+  the concurrency to what half of it can hold in transport buffers.
+* ``max_sample_bytes`` (1 GiB) bounds what a single sample may hold: a tar header announcing more fails the
+  shard before its bytes are buffered (:class:`~wds_async.errors.SampleTooLarge`), so a corrupt or hostile
+  header cannot grow memory until the process dies.
+* ``read_timeout`` is a per-read stall timeout (aiohttp's ``sock_read``); it replaces aiohttp's 5-minute
+  *total* timeout, which would kill any shard that takes longer than that to stream.
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ from dataclasses import dataclass
 __all__ = ["EngineConfig", "RetryPolicy"]
 
 MiB = 1 << 20
+GiB = 1 << 30
 
 
 def _positive_int(name: str, value: object, alternative: str = "") -> None:
@@ -59,7 +70,16 @@ class EngineConfig:
         part_bytes: a shard larger than this is fetched as concurrent ranged parts of this size, fed to
             its parser in order (0: never split). ``pipe:`` sources are always read sequentially.
         max_buffered_bytes: global bound on bytes read from sources and not yet handed to the consumer,
-            across all shards. A single sample larger than this still passes, one at a time.
+            across all shards. A single sample larger than this still passes, one at a time, up to
+            ``max_sample_bytes``.
+        max_sample_bytes: the largest member, and the largest sample (its fields summed), accepted. A tar
+            header that announces more fails its shard with :class:`~wds_async.errors.SampleTooLarge`
+            (url, offset, key) before any of those bytes is buffered; the handler decides as for any shard
+            error. The 1 GiB default is far above real samples (a long video clip) yet small enough that a
+            corrupt size field, or a stream of zeros behind a header claiming gigabytes, fails fast and
+            clearly instead of growing memory until the process dies with a bare ``MemoryError``; raise it
+            for larger samples. Memory per sample can still reach about twice this: a member is read whole
+            (and joined into one ``bytes``) before the sample's sum is checked.
         chunk_bytes: largest read from a source in one step.
         handoff_max_samples / handoff_max_bytes: the most the bridge hands to the consumer thread in one
             batch (the batch in the consumer's hand is outside ``max_buffered_bytes``).
@@ -75,6 +95,7 @@ class EngineConfig:
     connection_cap: int = 256
     part_bytes: int = 16 * MiB
     max_buffered_bytes: int = 256 * MiB
+    max_sample_bytes: int = 1 * GiB
     chunk_bytes: int = 1 * MiB
     handoff_max_samples: int = 1024
     handoff_max_bytes: int = 16 * MiB
@@ -87,7 +108,7 @@ class EngineConfig:
         if self.max_connections != "auto":
             _positive_int("max_connections", self.max_connections, 'or "auto"')
         for name in ("min_connections", "start_connections", "connection_cap", "max_buffered_bytes",
-                     "chunk_bytes", "handoff_max_samples", "handoff_max_bytes"):
+                     "max_sample_bytes", "chunk_bytes", "handoff_max_samples", "handoff_max_bytes"):
             _positive_int(name, getattr(self, name))
         if not isinstance(self.part_bytes, int) or isinstance(self.part_bytes, bool) or self.part_bytes < 0:
             raise ValueError(f"EngineConfig.part_bytes must be an int >= 0 (0: no parts), got {self.part_bytes!r}")

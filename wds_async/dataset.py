@@ -21,20 +21,24 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from typing import Any
 
-from .backends import validate_url
+from .backends import scheme_options, validate_url
+from .backends.file import local_path
+from .backends.pipe import pipes_allowed
 from .config import EngineConfig, RetryPolicy
+from .epoch import Planner
+from .errors import EmptyShards
 from .fluid import FluidPipeline
 from .handlers import resolve_handler
-from .listing import expand_globs
-from .epoch import Planner
 from .index import ShardIndex
+from .listing import expand_globs
 from .node import share_config
 from .pipeline import split_by_node, split_by_worker, stream_samples
-from .stats import Stats
-from .urls import expand_urls, redact_url
+from .stats import SharedStats, Stats
+from .urlcheck import check_url
+from .urls import expand_urls, redact_url, scheme_of
 
 __all__ = ["WebDataset"]
 
@@ -58,14 +62,19 @@ class WebDataset(FluidPipeline):
         part_bytes: shards larger than this are fetched as concurrent ranged parts (0: never).
         max_buffered_bytes, read_timeout, connect_timeout, retry: engine settings
             (see :class:`~wds_async.config.EngineConfig`); or pass a whole ``config``.
+        max_sample_bytes: the largest member or sample accepted (default 1 GiB): a tar header announcing
+            more fails its shard with :class:`~wds_async.errors.SampleTooLarge` before the bytes are read,
+            so a corrupt size field cannot exhaust memory; the handler decides as for any shard error.
         nodesplitter, workersplitter: ``iterable of {"url": ...} -> iterable`` selecting this rank's and
             this worker's shares (webdataset's signature); ``None`` disables a split.
         select_files, rename_files: per-member filter and renamer, applied before grouping.
-        empty_check: raise if this process was given shards but they held no sample at all.
+        empty_check: raise :class:`~wds_async.errors.EmptyShards` (a ``ValueError``) if this process was given
+            shards but they held no sample at all (for example empty tars: only end-of-archive blocks).
         log_interval: seconds between ``stats()`` log lines on the ``wds_async`` logger (INFO).
         backends: scheme -> backend instance overrides (for tests and custom stores).
-        backend_options: keyword options for the backends, e.g. ``{"endpoint_url": ...}`` for S3-compatible
-            stores or ``{"anonymous": True}`` for public buckets.
+        backend_options: keyword options per scheme, e.g. ``{"s3": {"endpoint_url": ...}, "gs": {"anonymous":
+            True}}``; the flat form (``{"endpoint_url": ...}``) when all URLs use one scheme. An option the
+            scheme's backend does not take is a :class:`~wds_async.errors.UrlError` here, at construction.
         allow_pipe: forbid (False) or allow ``pipe:`` URLs; default: allowed unless ``WDS_ASYNC_NO_PIPE``.
         index: a shard index (path, store URL or :class:`~wds_async.ShardIndex`): split samples, not shards,
             into equal shares per rank and worker, and check each shard's identity against it.
@@ -87,6 +96,7 @@ class WebDataset(FluidPipeline):
         deterministic: bool | None = None,
         max_connections: int | str | None = None,
         max_buffered_bytes: int | None = None,
+        max_sample_bytes: int | None = None,
         part_bytes: int | None = None,
         read_timeout: float | None = None,
         connect_timeout: float | None = None,
@@ -109,21 +119,24 @@ class WebDataset(FluidPipeline):
         super().__init__()
         changes = {k: v for k, v in dict(
             max_connections=max_connections, max_buffered_bytes=max_buffered_bytes, part_bytes=part_bytes,
-            read_timeout=read_timeout,
+            read_timeout=read_timeout, max_sample_bytes=max_sample_bytes,
             connect_timeout=connect_timeout, retry=retry, deterministic=deterministic).items() if v is not None}
         self.config = (config or EngineConfig()).replace(**changes)
         self._explicit = frozenset(["max_connections", "max_buffered_bytes"] if config is not None else
                                    [k for k in ("max_connections", "max_buffered_bytes") if k in changes])
         self.node_connections, self.node_buffered_bytes = node_connections, node_buffered_bytes
         self._backends = backends
-        self._backend_options: dict[str, Any] = dict(backend_options or {})
-        if allow_pipe is not None:
-            self._backend_options["allow_pipe"] = allow_pipe
         urls_list = expand_urls(urls)
+        pipes = pipes_allowed(allow_pipe)
         for url in urls_list:
             validate_url(url)
+            check_url(url, allow_pipe=pipes)
+        self._backend_options = scheme_options(backend_options, urls_list, backends)
+        if allow_pipe is not None:
+            self._backend_options["pipe"] = {**self._backend_options.get("pipe", {}), "allow_pipe": allow_pipe}
         self.urls = expand_globs(urls_list, self.config, self._backend_options, backends)
         _import_backends(self.urls, backends)
+        self._local = any(scheme_of(u) == "file" for u in self.urls)  # samples get __local_path__
         self.handler = resolve_handler(handler)
         self.shardshuffle = bool(shardshuffle)
         self.seed = seed
@@ -137,6 +150,7 @@ class WebDataset(FluidPipeline):
         self.empty_check = empty_check
         self.log_interval = log_interval
         self._stats_box: list[Stats | None] = [None]
+        self._worker_stats = SharedStats()  # created before any DataLoader worker forks: see stats()
         self._tuned = 0  # the concurrency the previous iteration's autotuner ended at
         if repeat:
             self._repetitions = 2**62
@@ -180,7 +194,7 @@ class WebDataset(FluidPipeline):
     def _source_state(self, run: Any) -> dict[str, Any]:
         return self._planner.source_state(run.source if run is not None else None)
 
-    def _engine(self, items: Any, stats: Stats, **callbacks: Any) -> Iterator[Any]:
+    def _engine(self, items: Any, stats: Stats, **callbacks: Any) -> Generator[Any, None, None]:
         config, share = share_config(self.config, node_connections=self.node_connections,
                                      node_buffered_bytes=self.node_buffered_bytes, explicit=self._explicit)
         if config.autotune and self._tuned:  # a new epoch starts where the last one's autotuner settled
@@ -197,8 +211,11 @@ class WebDataset(FluidPipeline):
         items = self._planner.reread_items(ep, positions)
         found: dict[tuple[int, int], Any] = {}
         samples = self._engine(items, Stats())
+        set_path = _path_setter() if self._local else None
         try:
             for sample in samples:
+                if set_path is not None:
+                    set_path(sample)
                 key = (items[sample.item].shard, sample.offset)
                 if key in wanted:
                     found[key] = sample
@@ -226,6 +243,7 @@ class WebDataset(FluidPipeline):
         if isinstance(ep.items, list):
             todo = list(todo)
             if not todo:
+                self._worker_stats.publish(stats)()  # a DataLoader worker clears its slot in stats()
                 if not ep.items:
                     log.info("wds-async: this process has no work (%d shards for more ranks/workers)", len(self.urls))
                 return
@@ -238,29 +256,54 @@ class WebDataset(FluidPipeline):
             run.pull([sample.item, sample.offset, sample.end])
 
         samples = self._engine(todo, stats, on_sample=on_sample, on_item_done=progress.finished)
+        set_path = _path_setter() if self._local else None
+        stop_publishing = self._worker_stats.publish(stats)  # DataLoader workers only: see stats()
         try:
             for sample in samples:
                 count += 1
+                if set_path is not None:
+                    set_path(sample)
                 yield sample
         finally:
             samples.close()
+            stop_publishing()
         if self.empty_check and fresh and count == 0 and stats.shards_skipped == 0:
-            raise ValueError(
+            first = getattr(todo[0], "url", None) if isinstance(todo, list) and todo else None
+            raise EmptyShards(
                 f"no samples found in {len(todo) if isinstance(todo, list) else 'the'} shards of this "
-                "process (are they empty tars?); turn this check off with WebDataset(..., empty_check=False)")
+                "process (are they empty tars?); turn this check off with WebDataset(..., empty_check=False)",
+                url=redact_url(first) if first else None, shards=len(todo) if isinstance(todo, list) else 0)
 
     def stats(self) -> dict[str, Any]:
-        """Counters and rates of the latest iteration in this process (see :class:`~wds_async.stats.Stats`).
+        """Counters and rates of the latest iteration (see :class:`~wds_async.stats.Stats`).
 
-        With DataLoader workers, each worker has its own; in the main process this shows the main
-        process's own iteration only.
+        In the main process, when DataLoader workers ran the latest iteration, their counters are summed
+        (fork or spawn, persistent or not; refreshed every 0.1 s by a thread in each worker) and ``workers``
+        says how many; rates are over the span from the first worker's start to its latest update. Inside a
+        worker: that worker's own.
         """
-        stats = self._stats_box[0]
-        return (stats or Stats()).snapshot()
+        return self._worker_stats.combined(self._stats_box[0])
 
     def __repr__(self) -> str:
         shown = redact_url(self.urls[0]) + (f" ... ({len(self.urls)} shards)" if len(self.urls) > 1 else "")
         return f"WebDataset({shown!r}, stages={len(self._stages)}, config={self.config})"
+
+
+def _path_setter() -> Callable[[Any], None]:
+    """A step that adds ``__local_path__`` to each sample of a local shard, as webdataset's ``WebDataset`` does:
+    the path of the file read (a bare path as given, a ``file://`` URL's path); remote samples get none."""
+    paths: dict[str, str | None] = {}
+
+    def set_path(sample: Any) -> None:
+        url = sample.url
+        try:
+            path = paths[url]
+        except KeyError:
+            path = paths[url] = local_path(url) if scheme_of(url) == "file" else None
+        if path is not None:
+            sample["__local_path__"] = path
+
+    return set_path
 
 
 def _import_backends(urls: list[str], given: Mapping[str, Any] | None) -> None:

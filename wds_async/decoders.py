@@ -383,7 +383,7 @@ def _decode_each(data: Iterable[dict[str, Any]], decoder: Decoder,
     for sample in data:
         try:
             decoded = decoder(sample)
-        except Exception as exn:  # noqa: BLE001 - any failure is the handler's to judge, as in webdataset
+        except Exception as exn:  # any failure is the handler's to judge, as in webdataset
             if handler(exn):
                 continue
             break

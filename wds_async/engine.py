@@ -14,8 +14,13 @@ plus concurrent ranged parts on extra tokens when the object is large) into a sa
 every read a reader waits on the shared :class:`~wds_async.queues.ByteBudget`, so a slow consumer stops the
 downloads. A compressed item is inflated from byte 0 and its members outside ``[start, end)`` dropped.
 
-Errors that end an item go to the user's ``handler``: it returns True (skip the item, counted),
-False (stop the data here), or raises (the error reaches the consumer at this item's position).
+Errors that end an item go to the user's ``handler``, translated into our tree first (see
+:mod:`wds_async._failures`: an exception group is unwrapped to its most meaningful leaf, a ``MemoryError``
+stays one and names the shard, anything foreign becomes :class:`~wds_async.errors.EngineError`); among them
+:class:`~wds_async.errors.SampleTooLarge`, raised from a tar header that announces more than
+``max_sample_bytes``, before those bytes are read. The handler returns True (skip the item, counted), False
+(stop the data here), or raises (the error reaches the consumer at this item's position). An error outside
+any item reaches the consumer translated the same way: never as an ``ExceptionGroup``.
 
 The engine owns no thread: the bridge runs it in its loop thread.
 """
@@ -26,25 +31,27 @@ import asyncio
 import builtins
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
+from collections.abc import Callable, Iterable, Iterator, Sized
 from contextlib import aclosing
 from typing import Any
 
 from ._compat import TaskGroup
-from .config import EngineConfig
-from .errors import TruncatedShard, WdsError
-from .grouping import Grouper, Sample, sample_nbytes
-from .queues import ByteBudget, ChannelClosed, SampleChannel
+from ._failures import leaves, pick, translate
 from .autotune import Autotuner
+from .backends import BackendSet
+from .config import EngineConfig
+from .errors import SampleTooLarge, TruncatedShard, WdsError
+from .grouping import Grouper, Sample, sample_nbytes
 from .limiter import Limiter
 from .parts import PartedRead
+from .queues import ByteBudget, ChannelClosed, SampleChannel
 from .reader import RangeReader
 from .stats import Stats
 from .tarstream import TarParser
 from .urls import redact_url
 from .work import ItemDone, WorkItem
 
-__all__ = ["BackendSet", "Engine", "Handler"]
+__all__ = ["Engine", "Handler"]
 
 log = logging.getLogger("wds_async")
 
@@ -57,46 +64,6 @@ STREAM_ALLOWANCE = 640 << 10
 
 #: ``handler(exc) -> bool``: True to skip and continue, False to stop, raise to propagate.
 Handler = Callable[[BaseException], bool]
-
-
-class BackendSet:
-    """One backend instance per scheme, created on first use inside the running loop."""
-
-    def __init__(self, config: EngineConfig, overrides: Mapping[str, Any] | None = None,
-                 options: Mapping[str, Any] | None = None) -> None:
-        self._config = config
-        self._instances: dict[str, Any] = dict(overrides or {})
-        self._owned: list[Any] = []
-        self._options = dict(options or {})
-
-    def for_url(self, url: str) -> Any:
-        from .backends import backend_class, backend_key
-
-        scheme = backend_key(url)
-        backend = self._instances.get(scheme)
-        if backend is None:
-            cls = backend_class(scheme, redact_url(url))
-            # http and https share one instance and therefore one connection pool.
-            shared = next((b for b in self._owned if type(b) is cls), None)
-            backend = shared or cls(
-                max_connections=self._config.connections,
-                connect_timeout=self._config.connect_timeout,
-                read_timeout=self._config.read_timeout,
-                chunk_bytes=self._config.chunk_bytes,
-                **self._options,
-            )
-            if shared is None:
-                self._owned.append(backend)
-            self._instances[scheme] = backend
-        return backend
-
-    async def aclose(self) -> None:
-        owned, self._owned = self._owned, []
-        for backend in owned:
-            try:
-                await backend.aclose()
-            except Exception:  # closing must not mask the error that made us close
-                log.debug("error closing backend %r", backend, exc_info=True)
 
 
 class _Stop(Exception):
@@ -176,12 +143,11 @@ class Engine:
                         task.cancel()
         except ChannelClosed:
             pass
-        except _GROUP as group:
-            errors = [e for e in group.exceptions if not isinstance(e, ChannelClosed)]
-            if errors:
-                self._fail(errors[0] if len(errors) == 1 else group)
+        except _GROUP as group:  # delivered as one exception of our tree, never as a group
+            if not all(isinstance(e, ChannelClosed) for e in leaves(group)):
+                self._fail(translate(group))
         except Exception as exc:  # a bug, not a shard problem: surface it to the consumer
-            self._fail(exc)
+            self._fail(translate(exc))
         finally:
             self.stats.finished = time.perf_counter()
             self.channel.finish()
@@ -235,28 +201,32 @@ class Engine:
             await self._fetch_item(item, token)
             self.stats.shards_done += 1
             self.channel.put(token, ItemDone(item.id), 0)
-        except ChannelClosed:
-            self._stopping = True
-        except _Stop:
-            self.channel.put_stop(token)
-            self._stopping = True
-        except _HandlerRaised as raised:
-            self.channel.put_error(token, raised.error)
-            self._stopping = True
-        except (WdsError, OSError) as exc:
-            if self._shard_failed(token, exc) and not self.channel.abandoned:
-                self.channel.put(token, ItemDone(item.id), 0)
+        except Exception as exc:  # every failure ends in the channel, or the handler skips it
+            self._item_failed(token, item, pick(exc))
         finally:
             self.stats.shards_in_flight -= 1
             self.budget.forget(token)
             if not self.channel.abandoned:
                 self.channel.close_shard(token)
 
+    def _item_failed(self, token: object, item: WorkItem, exc: BaseException) -> None:
+        """Route what ended an item: our own signals, else the error (in our tree) to the handler."""
+        if isinstance(exc, ChannelClosed):
+            self._stopping = True
+        elif isinstance(exc, _Stop):
+            self.channel.put_stop(token)
+            self._stopping = True
+        elif isinstance(exc, _HandlerRaised):
+            self.channel.put_error(token, exc.error)
+            self._stopping = True
+        elif self._shard_failed(token, translate(exc, url=redact_url(item.url))) and not self.channel.abandoned:
+            self.channel.put(token, ItemDone(item.id), 0)
+
     def _shard_failed(self, token: object, exc: BaseException) -> bool:
         """Ask the handler about a failed item; True when it chose to skip it (and go on)."""
         try:
             keep_going = self.handler(exc)
-        except BaseException as raised:  # noqa: BLE001 - delivered to the consumer, not swallowed
+        except BaseException as raised:  # delivered to the consumer, not swallowed
             self.channel.put_error(token, raised)
             self._stopping = True
             return False
@@ -270,7 +240,7 @@ class Engine:
     def _on_sample_error(self, err: WdsError) -> None:
         try:
             keep_going = self.handler(err)
-        except BaseException as raised:  # noqa: BLE001
+        except BaseException as raised:
             raise _HandlerRaised(raised) from None
         if not keep_going:
             raise _Stop()
@@ -320,7 +290,7 @@ class Engine:
                                 part_bytes=self.config.part_bytes, group=group, requeue=self._requeue)
             try:
                 await self._parse_item(item, token, reader, ranged)
-            except BaseException as exc:  # noqa: BLE001 - re-raised below, outside the group
+            except BaseException as exc:  # re-raised below, outside the group
                 failure = exc
             finally:
                 reader.close()
@@ -330,9 +300,10 @@ class Engine:
     async def _parse_item(self, item: WorkItem, token: object, reader: PartedRead, ranged: bool) -> None:
         """Feed the item's bytes to a parser and a grouper and its samples to the channel."""
         first = reader.start
-        parser = TarParser(url=reader.shown, start_offset=first)
+        limit = self.config.max_sample_bytes
+        parser = TarParser(url=reader.shown, start_offset=first, max_member_bytes=limit)
         grouper = Grouper(reader.shown, self._on_sample_error, select_files=self.select_files,
-                          rename_files=self.rename_files)
+                          rename_files=self.rename_files, max_sample_bytes=limit)
         lo, hi = item.start, item.end
         filtered = not ranged and (lo > 0 or hi is not None)
         stopped_early = False  # a compressed item whose wanted range ended before the archive did
@@ -372,6 +343,10 @@ class Engine:
                     offset=parser.offset)
             self._emit(token, item, grouper.finish(), held, parser, grouper)
             held = 0
+        except SampleTooLarge as exc:  # refused from its tar header: name the sample it would have started
+            if exc.key is None and exc.member is not None:
+                exc.key = grouper.key_of(exc.member)
+            raise
         finally:
             if held:
                 self.budget.release(held)

@@ -12,9 +12,12 @@ this tree at the boundary; nothing above the backends sees a foreign exception t
     │   ├── TransientError                     worth retrying: 5xx, 429, reset, stall, short body
     │   ├── ObjectChanged                      the object is not the version an index or checkpoint names
     │   └── PipeError                          a ``pipe:`` command exited non-zero or was killed
-    ├── ShardFormatError(WdsError, ValueError) the bytes are not a valid (gzipped) tar
+    ├── ShardFormatError(WdsError, ValueError, tarfile.ReadError)   the bytes are not a valid (gzipped) tar
     │   └── TruncatedShard                     the archive ends mid-member or before its end marker
     ├── SampleError(WdsError, ValueError)      a member breaks the grouping rules (repeated extension)
+    │   └── SampleTooLarge                     a member or sample is larger than ``max_sample_bytes``
+    ├── EmptyShards(WdsError, ValueError)      this process's shards held no sample at all (``empty_check``)
+    ├── EngineError(WdsError, RuntimeError)    an unexpected exception inside the engine, chained as cause
     └── DecodingError(WdsError, ValueError)    a field could not be decoded (cause chained; pickle not allowed)
 
 Context lives in attributes (``url``, ``offset``, ``member``), never appended to ``args``; ``str()``
@@ -23,15 +26,20 @@ renders them after the message so a log line always names the shard and the byte
 
 from __future__ import annotations
 
+import tarfile
+
 __all__ = [
     "BackendError",
     "DecodingError",
+    "EmptyShards",
+    "EngineError",
     "MissingDependency",
     "NotFound",
     "ObjectChanged",
     "PermissionDenied",
     "PipeError",
     "SampleError",
+    "SampleTooLarge",
     "ShardFormatError",
     "TransientError",
     "TruncatedShard",
@@ -126,8 +134,11 @@ class PipeError(BackendError):
         self.stderr_tail = stderr_tail
 
 
-class ShardFormatError(WdsError, ValueError):
-    """The bytes of a shard are not a valid tar (or gzipped tar) archive."""
+class ShardFormatError(WdsError, ValueError, tarfile.ReadError):
+    """The bytes of a shard are not a valid tar (or gzipped tar) archive.
+
+    Also a :class:`tarfile.ReadError`, which is what webdataset raises for truncated and corrupt tars, so
+    code written for webdataset (``except tarfile.ReadError``) catches it unchanged."""
 
 
 class TruncatedShard(ShardFormatError):
@@ -142,6 +153,46 @@ class SampleError(WdsError, ValueError):
     ) -> None:
         super().__init__(message, url=url, offset=offset)
         self.member = member
+
+
+class SampleTooLarge(SampleError):
+    """A member, or a whole sample, is larger than ``EngineConfig.max_sample_bytes``.
+
+    Raised from the size a tar header announces, before its bytes are buffered, so a corrupt or hostile
+    header (``8 GiB`` of zeros) fails the shard at once instead of exhausting memory. The shard ends there;
+    the handler decides as for any shard error. ``key`` is the sample's key (None when the member's name
+    carries none), ``size`` the announced (or accumulated) byte count, ``limit`` the setting in force.
+    """
+
+    def __init__(self, message: str, *, url: str | None = None, offset: int | None = None,
+                 member: str | None = None, key: str | None = None, size: int = 0, limit: int = 0) -> None:
+        super().__init__(message, url=url, offset=offset, member=member)
+        self.key = key
+        self.size = size
+        self.limit = limit
+
+    def __str__(self) -> str:
+        where = [f"{name}={value}" for name, value in (("url", self.url), ("offset", self.offset), ("key", self.key))
+                 if value is not None]
+        return f"{self.message} ({', '.join(where)})" if where else self.message
+
+
+class EmptyShards(WdsError, ValueError):
+    """This process was given shards but they held no sample at all (``WebDataset(empty_check=True)``).
+
+    A ``ValueError`` too, as webdataset raises one here. ``shards`` is how many work items the process had;
+    ``url`` the first of them. Often a sign of fewer shards than ranks times DataLoader workers, or of
+    shards that are empty tars (only end-of-archive blocks)."""
+
+    def __init__(self, message: str, *, url: str | None = None, offset: int | None = None, shards: int = 0) -> None:
+        super().__init__(message, url=url, offset=offset)
+        self.shards = shards
+
+
+class EngineError(WdsError, RuntimeError):
+    """An exception of no kind above escaped the engine: a bug, or an error raised by a user callback such
+    as ``select_files`` or ``rename_files``. The original is chained as ``__cause__``; ``url`` names the
+    shard being read when it is known."""
 
 
 class DecodingError(WdsError, ValueError):

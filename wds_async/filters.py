@@ -1,33 +1,36 @@
 """Stage factories for the pipeline form: ``wds.shuffle(1000)``, ``wds.to_tuple("jpg", "cls")``, ...
 
-Each returns a picklable :class:`~wds_async.fluid.Stage` (``iterator -> iterator``), the same steps the
-fluid methods append.
+Each returns a picklable :class:`~wds_async.stage.Stage` (``iterator -> iterator``), the same steps the
+fluid methods append; ``detshuffle`` is a :class:`~wds_async.shuffles.DetShuffle`, whose epoch advances on
+every pass.
 """
 
 from __future__ import annotations
 
-import random
-from collections.abc import Iterable, Iterator
-from typing import Any
-
 from . import decoders as _d
+from . import patterns as _p
 from . import stages as _s
-from .fluid import Stage, pipelinefilter
+from .shuffles import DetShuffle
+from .stage import Stage, pipelinefilter
 
-__all__ = ["batched", "decode", "detshuffle", "listed", "map", "map_dict", "map_tuple", "rename", "select", "shuffle", "slice",
-           "to_tuple", "unbatched", "unlisted"]
+__all__ = ["batched", "decode", "detshuffle", "extract_keys", "listed", "map", "map_dict", "map_tuple", "rename",
+           "rename_keys", "rsample", "select", "shuffle", "slice", "to_tuple", "unbatched", "unlisted", "xdecode"]
 
 shuffle = pipelinefilter(_s.shuffle)
-map = pipelinefilter(_s.map_stage)  # noqa: A001 - webdataset's public name
+map = pipelinefilter(_s.map_stage)  # webdataset's public name
 select = pipelinefilter(_s.select)
 to_tuple = pipelinefilter(_s.to_tuple)
 map_dict = pipelinefilter(_s.map_dict)
 map_tuple = pipelinefilter(_s.map_tuple)
 rename = pipelinefilter(_s.rename)
-slice = pipelinefilter(_s.slice_stage)  # noqa: A001 - webdataset's public name
+slice = pipelinefilter(_s.slice_stage)  # webdataset's public name
 batched = pipelinefilter(_s.batched)
 decode = pipelinefilter(_d.decode)
 unlisted = pipelinefilter(_s.unlisted)
+rsample = pipelinefilter(_s.rsample)
+extract_keys = pipelinefilter(_p.extract_keys)
+rename_keys = pipelinefilter(_p.rename_keys)
+xdecode = pipelinefilter(_p.xdecode)
 
 
 def unbatched() -> Stage:
@@ -40,11 +43,5 @@ def listed(batchsize: int, partial: bool = True) -> Stage:
     return Stage(_s.batched, batchsize=batchsize, collation_fn=None, partial=partial)
 
 
-def _detshuffle(data: Iterable[Any], bufsize: int = 1000, initial: int = 100, seed: int = 0, epoch: int = -1
-                ) -> Iterator[Any]:
-    return _s.shuffle(data, bufsize=bufsize, initial=initial, rng=random.Random(f"{seed}:{epoch}"))
-
-
-def detshuffle(bufsize: int = 1000, initial: int = 100, seed: int = 0, epoch: int = -1) -> Stage:
-    """A shuffle whose order depends only on ``(seed, epoch)``: identical in every process."""
-    return Stage(_detshuffle, bufsize=bufsize, initial=initial, seed=seed, epoch=epoch)
+#: webdataset's ``detshuffle`` is a class too: ``wds.detshuffle(100, seed=1)`` builds the stage.
+detshuffle = DetShuffle

@@ -3,7 +3,7 @@
 
 Every method returns a **new** pipeline and leaves the receiver unchanged (webdataset mutates and
 returns ``self`` for ``with_epoch``/``repeat``; a copy cannot surprise a second user of the object).
-Stages are picklable :class:`Stage` objects, so pipelines cross into spawned DataLoader workers.
+Stages are picklable :class:`~wds_async.stage.Stage` objects, so pipelines cross into spawned DataLoader workers.
 
 Epoch semantics follow webdataset: ``with_epoch(n)`` makes each ``iter()`` yield exactly ``n`` items,
 restarting the underlying stream as often as needed; ``repeat(k)`` runs the stream ``k`` times (forever
@@ -17,46 +17,28 @@ import copy
 import random
 import sys
 from collections.abc import Callable, Generator, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import IterableDataset
 
+from . import patterns as _p
 from . import stages as _s
 from .handlers import resolve_handler
+from .stage import Stage, pipelinefilter
 from .state import STATE_VERSION
 from .stateful import Batched, Runner, Shuffle, Slice, StatefulStage
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["FluidPipeline", "Stage", "pipelinefilter"]
 
 HandlerArg = Callable[[BaseException], bool] | str | None
 
 
-class Stage:
-    """A picklable ``iterator -> iterator`` step: ``fn(data, *args, **kwargs)``."""
-
-    def __init__(self, fn: Callable[..., Iterator[Any]], *args: Any, **kwargs: Any) -> None:
-        self.fn, self.args, self.kwargs = fn, args, kwargs
-
-    def __call__(self, data: Iterable[Any]) -> Iterator[Any]:
-        return self.fn(data, *self.args, **self.kwargs)
-
-    def __repr__(self) -> str:
-        return f"{getattr(self.fn, '__name__', self.fn)}{self.args or ''}"
-
-
-def pipelinefilter(fn: Callable[..., Iterator[Any]]) -> Callable[..., Stage]:
-    """Curry a stage function for the pipeline form: ``pipelinefilter(f)(*a, **k)(data) == f(data, *a, **k)``."""
-
-    def make(*args: Any, **kwargs: Any) -> Stage:
-        return Stage(fn, *args, **kwargs)
-
-    make.__name__ = getattr(fn, "__name__", "stage")
-    make.__doc__ = fn.__doc__
-    return make
-
-
 #: Plain stages that emit each item from the inputs pulled since their previous output.
-_STREAMING = frozenset([_s.map_stage, _s.select, _s.to_tuple, _s.map_dict, _s.map_tuple, _s.rename])
+_STREAMING = frozenset([_s.map_stage, _s.select, _s.to_tuple, _s.map_dict, _s.map_tuple, _s.rename, _s.rsample,
+                        _p.extract_keys, _p.rename_keys, _p.xdecode])
 
 
 def _streaming(stage: Any) -> bool:
@@ -221,7 +203,7 @@ class FluidPipeline(IterableDataset):  # type: ignore[type-arg]
             raise TypeError(f"{type(self).__name__} has no length; set one with .with_length(n)")
         return self._size
 
-    def __enter__(self) -> FluidPipeline:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -314,3 +296,32 @@ class FluidPipeline(IterableDataset):  # type: ignore[type-arg]
 
         decoder = decoder_from_args(*args, pre=pre, post=post, only=only, partial=partial, allow_pickle=allow_pickle)
         return self.compose(Stage(_s.map_stage, f=decoder, handler=resolve_handler(handler)))
+
+    # -- webdataset's further fluid methods --------------------------------------------------------
+    def rsample(self, p: float = 0.5) -> Any:
+        """Keep each item with probability ``p`` (drawn from the global ``random`` module, as webdataset)."""
+        return self.compose(Stage(_s.rsample, p=p))
+
+    def extract_keys(self, *patterns: str | list[str], **kw: Any) -> Any:
+        """Dict samples -> tuples of the fields matching glob ``patterns`` (see :func:`~wds_async.extract_keys`)."""
+        return self.compose(Stage(_p.extract_keys, *patterns, **kw))
+
+    def rename_keys(self, *args: tuple[str, str], **kw: Any) -> Any:
+        """Rename fields by glob pattern: ``rename_keys(image="*.png")`` (see :func:`~wds_async.rename_keys`)."""
+        return self.compose(Stage(_p.rename_keys, *args, **kw))
+
+    def xdecode(self, *args: tuple[str, Callable[[Any], Any]], **kw: Any) -> Any:
+        """Decode fields with stream decoders chosen by glob pattern (see :func:`~wds_async.xdecode`)."""
+        return self.compose(Stage(_p.xdecode, *args, **kw))
+
+    def mcached(self) -> Any:
+        """Keep the items of the first complete pass in memory and replay them on later passes."""
+        from .cached import Cached
+
+        return self.compose(Cached())
+
+    def lmdb_cached(self, *args: Any, **kw: Any) -> Any:
+        """Cache the items of the first complete pass in an LMDB file (see :class:`~wds_async.LMDBCached`)."""
+        from .cached import LMDBCached
+
+        return self.compose(LMDBCached(*args, **kw))

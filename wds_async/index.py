@@ -36,10 +36,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._loop import run_private
-from .backends import ObjectIdentity, validate_url
+from .backends import BackendSet, ObjectIdentity, validate_url
 from .backends.file import local_path
 from .config import EngineConfig
-from .engine import BackendSet
 from .errors import UrlError
 from .reader import RangeReader
 from .urls import expand_urls, redact_url, scheme_of, url_key

@@ -19,9 +19,8 @@ from typing import Any
 
 from ._compat import TaskGroup
 from ._loop import run_private
-from .backends import ObjectIdentity, validate_url
+from .backends import BackendSet, ObjectIdentity, scheme_options, validate_url
 from .config import EngineConfig, RetryPolicy
-from .engine import BackendSet
 from .errors import WdsError
 from .grouping import Grouper, Sample
 from .index import ShardEntry, ShardIndex
@@ -111,11 +110,12 @@ def build_index(urls: str | Iterable[str], *, max_connections: int = 16,
     ``progress(shards_done, shards_total, bytes_read)`` is called as bytes arrive, in the thread that
     runs the private event loop (the caller's, or a helper thread when the caller runs a loop). Any
     error (a missing, truncated or corrupt shard, a repeated extension) ends the build and names the URL.
+    ``backend_options`` are checked as WebDataset checks them (per scheme, or flat for one scheme).
     """
     shards = expand_urls(urls)
     for url in shards:
         validate_url(url)
     config = EngineConfig(max_connections=max_connections)
-    shards = expand_globs(shards, config, backend_options, backends)
-    options = dict(backend_options or {})
+    options = scheme_options(backend_options, shards, backends)
+    shards = expand_globs(shards, config, options, backends)
     return ShardIndex(run_private(lambda: _index_all(shards, config, options, backends, progress)))

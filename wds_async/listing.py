@@ -2,14 +2,15 @@
 sorted list of matching objects through each store's list API.
 
 Expansion happens once, when the dataset is constructed, in the main process; every rank and worker then
-splits the same list. It runs on a private event loop in a helper thread, so it also works when the
-caller already runs an event loop (a notebook).
+splits the same list. It runs on a private event loop (:func:`wds_async._loop.run_private`), which moves
+to a helper thread when the caller's thread already runs a loop (a notebook), since loops cannot nest.
+
+http(s) has no listing: :func:`check_not_http_glob` turns a ``*`` or ``[`` in an http(s) path into an
+error that points to brace patterns (the CLI calls it; a dataset passes such a URL through as written).
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,7 +18,7 @@ from .config import EngineConfig
 from .errors import UrlError
 from .urls import redact_url, scheme_of
 
-__all__ = ["expand_globs", "is_glob_url"]
+__all__ = ["check_not_http_glob", "expand_globs", "is_glob_url"]
 
 #: Schemes whose backends can list; for http(s) a ``?`` starts the query, never a wildcard.
 LISTABLE = ("file", "s3", "gs", "az", "azure")
@@ -39,9 +40,20 @@ def is_glob_url(url: str) -> bool:
     return backend_key(url) in LISTABLE and has_glob(_key_part(url))
 
 
+def check_not_http_glob(url: str) -> None:
+    """Raise :class:`UrlError` for an http(s) URL whose path holds ``*`` or ``[``: no listing can expand it."""
+    from urllib.parse import urlsplit
+
+    from .backends import backend_key
+
+    if backend_key(url) in ("http", "https") and any(c in urlsplit(url).path for c in "*["):
+        raise UrlError("http(s) has no listing, so a glob cannot be expanded; name the shards with a brace "
+                       "pattern such as train-{000..099}.tar", url=redact_url(url))
+
+
 async def _expand(urls: list[str], config: EngineConfig, options: Mapping[str, Any],
                   overrides: Mapping[str, Any] | None) -> list[str]:
-    from .engine import BackendSet
+    from .backends import BackendSet
 
     backends = BackendSet(config, overrides, options)
     try:
@@ -62,9 +74,12 @@ async def _expand(urls: list[str], config: EngineConfig, options: Mapping[str, A
 
 def expand_globs(urls: list[str], config: EngineConfig | None = None, options: Mapping[str, Any] | None = None,
                  overrides: Mapping[str, Any] | None = None) -> list[str]:
-    """Replace every glob URL in ``urls`` by its sorted matches (other URLs pass through unchanged)."""
+    """Replace every glob URL in ``urls`` by its sorted matches (other URLs pass through unchanged); an http(s)
+    URL with a glob is a :class:`UrlError` (see :func:`check_not_http_glob`)."""
+    for url in urls:
+        check_not_http_glob(url)
     if not any(is_glob_url(u) for u in urls):
         return urls
-    coro = _expand(urls, config or EngineConfig(), options or {}, overrides)
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="wds-async-list") as pool:
-        return pool.submit(asyncio.run, coro).result()
+    from ._loop import run_private
+
+    return run_private(lambda: _expand(urls, config or EngineConfig(), options or {}, overrides))

@@ -201,7 +201,7 @@ class PartedRead:
                     self.budget.add(len(chunk))
                     part.arrived.set()
             part.done = True
-        except Exception as exc:  # noqa: BLE001 - raised by the parser side when it reaches this part
+        except Exception as exc:  # raised by the parser side when it reaches this part
             part.error = exc
         finally:
             self.limiter.release()

@@ -1,4 +1,4 @@
-"""The explicit pipeline form (webdataset's ``DataPipeline``) and its sources and splitters.
+"""The explicit pipeline form (webdataset's ``DataPipeline``), its splitters and the tar-reading stage.
 
     ds = wds.DataPipeline(
         wds.SimpleShardList("shards-{000000..000099}.tar"),
@@ -8,17 +8,16 @@
         wds.shuffle(1000), wds.decode("pil"), wds.to_tuple("png", "json"), wds.batched(16),
     )
 
-Shard streams are items ``{"url": ...}`` (plain strings are accepted too). ``tarfile_to_samples`` hands
-the stream to the engine, which pulls it lazily in its loop thread, so an endless
-:class:`ResampledShards` stream works.
+Shard streams are items ``{"url": ...}`` (plain strings are accepted too); the sources are in
+:mod:`wds_async.shardlists`. ``tarfile_to_samples()`` (or the uncurried ``tarfile_samples``) hands the
+stream to the engine, which pulls it lazily in its loop thread, so an endless
+:class:`~wds_async.ResampledShards` stream works.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-import random
-import sys
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any
 
@@ -26,16 +25,16 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .bridge import Bridge
 from .config import EngineConfig
-from .fluid import FluidPipeline, Stage
+from .fluid import FluidPipeline
 from .grouping import Sample
 from .handlers import reraise_exception, resolve_handler
+from .stage import Stage
 from .stats import Stats
-from .urls import expand_urls
 from .work import ItemDone
 
 __all__ = [
-    "DataPipeline", "ResampledShards", "SimpleShardList", "WebLoader", "node_info", "split_by_node",
-    "split_by_worker", "stream_samples", "tarfile_to_samples", "worker_info",
+    "DataPipeline", "FluidWrapper", "WebLoader", "node_info", "split_by_node", "split_by_worker", "stream_samples",
+    "tarfile_samples", "tarfile_to_samples", "worker_info",
 ]
 
 
@@ -118,8 +117,12 @@ def stream_samples(
         bridge.close()
 
 
-def _tarfile_to_samples(src: Iterable[Any], handler: Any = None, select_files: Any = None, rename_files: Any = None,
-                        **engine: Any) -> Iterator[Any]:
+def tarfile_samples(src: Iterable[Any], handler: Callable[[BaseException], bool] | str | None = reraise_exception,
+                    select_files: Callable[[str], bool] | None = None, rename_files: Callable[[str], str] | None = None,
+                    **engine: Any) -> Iterator[Any]:
+    """A stream of shards (``{"url": ...}`` or URL strings) -> its samples, through the async engine: the stage
+    itself, used as ``DataPipeline(SimpleShardList(urls), wds.tarfile_samples, ...)``. ``engine`` takes
+    :class:`~wds_async.config.EngineConfig` fields."""
     config = EngineConfig().replace(**engine) if engine else EngineConfig()
     return stream_samples(src, config=config, handler=resolve_handler(handler), select_files=select_files,
                           rename_files=rename_files)
@@ -129,57 +132,8 @@ def tarfile_to_samples(handler: Any = None, select_files: Callable[[str], bool] 
                        rename_files: Callable[[str], str] | None = None, **engine: Any) -> Stage:
     """Stage: a stream of shard URLs -> samples, through the async engine. ``engine`` takes
     :class:`~wds_async.config.EngineConfig` fields (``max_connections=``, ``max_buffered_bytes=``, ...)."""
-    return Stage(_tarfile_to_samples, handler=handler, select_files=select_files, rename_files=rename_files,
+    return Stage(tarfile_samples, handler=handler, select_files=select_files, rename_files=rename_files,
                  **engine)
-
-
-class SimpleShardList(IterableDataset):  # type: ignore[type-arg]
-    """Yields ``{"url": u}`` for each shard URL (brace patterns expanded), optionally shuffled by ``seed``."""
-
-    def __init__(self, urls: str | Iterable[str], seed: int | None = None) -> None:
-        super().__init__()
-        self.urls = expand_urls(urls)
-        self.seed = seed
-        self.epoch = 0
-
-    def __len__(self) -> int:
-        return len(self.urls)
-
-    def __iter__(self) -> Iterator[dict[str, str]]:
-        urls = list(self.urls)
-        if self.seed is not None:
-            random.Random(f"{self.seed}:{self.epoch}").shuffle(urls)
-        for url in urls:
-            yield {"url": url}
-
-
-class ResampledShards(IterableDataset):  # type: ignore[type-arg]
-    """An endless (or ``nshards`` long) stream of shards drawn with replacement.
-
-    Each rank and worker draws independently. ``deterministic=True`` seeds from ``(seed, rank, worker,
-    epoch)`` so a run can be repeated; otherwise each process seeds from the OS."""
-
-    def __init__(self, urls: str | Iterable[str], nshards: int = sys.maxsize, seed: int = 0,
-                 worker_seed: Callable[[], int] | None = None, deterministic: bool = False) -> None:
-        super().__init__()
-        self.urls = expand_urls(urls)
-        self.nshards = nshards
-        self.seed = seed
-        self.worker_seed = worker_seed
-        self.deterministic = deterministic
-        self.epoch = 0
-
-    def __iter__(self) -> Iterator[dict[str, str]]:
-        if self.worker_seed is not None:
-            rng = random.Random(self.worker_seed())
-        elif self.deterministic:
-            rank, _ = node_info()
-            worker, _ = worker_info()
-            rng = random.Random(f"{self.seed}:{rank}:{worker}:{self.epoch}")
-        else:
-            rng = random.Random()
-        for _ in range(self.nshards):
-            yield {"url": rng.choice(self.urls)}
 
 
 class DataPipeline(FluidPipeline):
@@ -218,8 +172,22 @@ class DataPipeline(FluidPipeline):
             stream = self._invoke(step, stream)
         return stream  # type: ignore[no-any-return]
 
+    def stage(self, i: int) -> Any:
+        """Step ``i`` of the pipeline: the source is 0, then the stages given, then those appended by fluid
+        methods (``DataPipeline(src, wds.detshuffle(10)).stage(1).epoch``)."""
+        return [*self.pipeline, *self._stages][i]
+
     def append(self, step: Any) -> None:
         self.pipeline.append(step)
+
+
+class FluidWrapper(DataPipeline):
+    """webdataset's ``FluidWrapper(iterable)``: that iterable as the source of a pipeline with the fluid methods,
+    ``FluidWrapper(RoundRobin([a, b])).shuffle(100)``. Every pipeline here is fluid already, so it is kept for code
+    written against webdataset."""
+
+    def __init__(self, initial: Any) -> None:
+        super().__init__(initial)
 
 
 class WebLoader(DataPipeline):

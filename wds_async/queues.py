@@ -1,20 +1,28 @@
 """Byte-bounded buffering between the shard readers and the consumer.
 
-Two primitives, both single-loop (asyncio) objects, touched only from the engine's loop thread:
+Two primitives. Their reader side lives on the engine's loop thread; only :meth:`SampleChannel.take` runs in
+the consumer's thread.
 
 :class:`ByteBudget`
-    Counts bytes that were read from a source and not yet handed to the consumer: bytes held in tar
-    parsers, in partially grouped samples and in the channel. Readers call :meth:`ByteBudget.wait_for_room`
-    before every read. **Invariant:** ``used <= limit + (one chunk per reader)``, except that while the
-    consumer is starving (nothing deliverable), exactly one designated reader may keep reading so a sample
-    larger than the free budget can complete. Without that exception a budget smaller than the
-    partial samples of all readers would deadlock.
+    Counts bytes read from a source and not yet handed to the consumer: bytes held in tar parsers, in
+    partially grouped samples, in the reorder window of a shard read as ranged parts, and in the channel;
+    plus *reservations*, the buffer allowance of each open stream (:meth:`ByteBudget.reserve`), which
+    readers wait on like data but which are not reported as data (``peak`` counts data only). Readers call
+    :meth:`ByteBudget.wait_for_room` before every read. **Invariant:** ``used <= limit + (one chunk per
+    reader)``, except that while the consumer is starving (nothing deliverable), exactly one designated
+    reader may keep reading (the *overdraft*) so a sample larger than the free budget can complete (up to
+    ``EngineConfig.max_sample_bytes``). Without that exception a budget smaller than the partial samples of
+    all readers would deadlock. Loop thread only.
 
 :class:`SampleChannel`
     Where complete samples wait for the consumer. *Interleaved* mode delivers samples in the order they
-    became ready; *ordered* mode delivers shard by shard in the order shards were opened. The consumer
-    takes samples in batches (:meth:`SampleChannel.get_many`), which releases their bytes from the budget.
-    Errors and the end of data travel through the channel as values, in position.
+    became ready; *ordered* mode delivers shard by shard in the order shards were opened. Readers put on the
+    loop thread; the consumer takes batches with :meth:`SampleChannel.take` in its own thread, under the
+    channel's lock and without a round trip through the loop (the release of the taken bytes is scheduled
+    onto the loop), or with :meth:`SampleChannel.get_many` from a coroutine on the loop. Errors and the end
+    of data (a handler's "stop") travel through the channel as values, in position; an error or a stop ends
+    the channel. :meth:`SampleChannel.abandon` (the consumer is gone) drops what is queued, returns its bytes
+    to the budget and makes every later ``put`` raise :class:`ChannelClosed`.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ import numpy as np
 from .handlers import reraise_exception
 from .stateful import Batched, Shuffle, Slice
 
-__all__ = ["batched", "default_collation_fn", "map_dict", "map_stage", "map_tuple", "rename", "select", "shuffle",
-           "slice_stage", "to_tuple", "unbatched", "unlisted"]
+__all__ = ["batched", "default_collation_fn", "map_dict", "map_stage", "map_tuple", "rename", "rsample", "select",
+           "shuffle", "slice_stage", "to_tuple", "unbatched", "unlisted"]
 
 
 def shuffle(data: Iterable[Any], bufsize: int = 1000, initial: int = 100, rng: random.Random | None = None,
@@ -47,6 +47,14 @@ def select(data: Iterable[Any], predicate: Callable[[Any], bool]) -> Iterator[An
             yield item
 
 
+def rsample(data: Iterable[Any], p: float = 0.5) -> Iterator[Any]:
+    """Keep each item with probability ``p``, drawn from the global ``random`` module as webdataset does (so
+    ``random.seed(n)`` makes it repeatable)."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"rsample: p must be within [0, 1], got {p}")
+    return (item for item in data if random.uniform(0.0, 1.0) < p)
+
+
 def _getfirst(sample: dict[str, Any], spec: str | Sequence[str], missing_is_error: bool) -> Any:
     keys = spec.split(";") if isinstance(spec, str) else list(spec)
     for key in keys:
@@ -70,7 +78,7 @@ def to_tuple(data: Iterable[dict[str, Any]], *keys: str, handler: Callable[[Base
             break
 
 
-def _combine(values: Sequence[Any]) -> Any:
+def _combine(values: Sequence[Any], field: str = "the samples") -> Any:
     """webdataset's rules: Python ints/floats -> numpy array, tensors -> torch.stack, arrays -> stacked
     numpy array (shapes must agree), anything else -> list."""
     first = values[0]
@@ -79,9 +87,14 @@ def _combine(values: Sequence[Any]) -> Any:
     import torch
 
     if isinstance(first, (torch.Tensor, np.ndarray)):
-        shapes = {tuple(v.shape) for v in values}
-        if len(shapes) != 1:
-            raise ValueError(f"all shapes must be equal in collation, got {sorted(shapes)}")
+        shape = tuple(first.shape)
+        other = next((i for i, v in enumerate(values) if tuple(v.shape) != shape), None)
+        if other is not None:
+            raise ValueError(
+                f"cannot batch {field}: shapes differ, {shape} in sample 0 and {tuple(values[other].shape)} in "
+                f"sample {other} of {len(values)}; the default collation stacks equal shapes only. Pad or crop "
+                "them in a collation_fn (.batched(n, collation_fn=my_collate)), or get lists of samples with "
+                ".batched(n, collation_fn=list)")
         return torch.stack(list(values)) if isinstance(first, torch.Tensor) else np.array(list(values))
     return list(values)
 
@@ -94,9 +107,9 @@ def default_collation_fn(samples: Sequence[Any]) -> Any:
         for sample in samples[1:]:
             if set(sample) != keys:
                 raise ValueError(f"keys don't match in different samples: {sorted(keys)} vs {sorted(sample)}")
-        return {k: _combine([s[k] for s in samples]) for k in first}
+        return {k: _combine([s[k] for s in samples], f"field {k!r}") for k in first}
     if isinstance(first, (list, tuple)):
-        return tuple(_combine(column) for column in zip(*samples))
+        return tuple(_combine(column, f"tuple field {i}") for i, column in enumerate(zip(*samples)))
     return _combine(samples)
 
 

@@ -143,9 +143,9 @@ def remaining_runs(plans: Sequence[tuple[Sequence[WorkItem], Progress, Sequence[
     for items, progress, held in plans:
         by_id = {item.id: item for item in items}
         for item in items:
-            left = progress.resume(item)
-            if left is not None:
-                byte_runs.setdefault(item.shard, []).append([item.shard, left.start, left.end])
+            rest = progress.resume(item)
+            if rest is not None:
+                byte_runs.setdefault(item.shard, []).append([item.shard, rest.start, rest.end])
         for item_id, offset, end in held:
             shard = by_id[item_id].shard
             byte_runs.setdefault(shard, []).append([shard, offset, end])

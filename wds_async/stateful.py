@@ -59,7 +59,7 @@ class StatefulStage:
 
     def __call__(self, data: Iterable[Any]) -> Iterator[Any]:
         """Run without positions (the pipeline form, a plain iterator)."""
-        return self.runner()(((x, []) for x in data))
+        return self.runner()((x, []) for x in data)
 
 
 def _rng_state(rng: random.Random) -> list[Any]:
@@ -164,7 +164,7 @@ class Batched(StatefulStage):
         return _BatchedRunner(self)
 
     def replay(self, data: Iterable[Any]) -> Iterator[Any]:
-        return _BatchedRunner(self)(((x, []) for x in data))
+        return _BatchedRunner(self)((x, []) for x in data)
 
     def __repr__(self) -> str:
         return f"batched({self.batchsize})"

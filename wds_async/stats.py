@@ -1,16 +1,34 @@
-"""Throughput counters shared by the engine (writer, loop thread) and the consumer (reader).
+"""Throughput counters shared by the engine (writer, loop thread) and the consumer (reader), and their sum
+over a dataset's DataLoader workers.
 
-Plain integer and float attributes: the loop thread increments them, any thread may read a slightly
-stale snapshot. ``snapshot()`` derives the rates.
+:class:`Stats`: plain integer and float attributes: the loop thread increments them, any thread may read a
+slightly stale snapshot. ``snapshot()`` derives the rates.
+
+:class:`SharedStats`: a small block of shared memory (``multiprocessing.RawArray``) a dataset creates at
+construction, before any DataLoader worker exists. Forked workers inherit it; spawned ones receive it
+with the process (it pickles as itself only while a process is being spawned; any other pickle or
+``deepcopy`` gets a fresh block). Each worker writes its counters into the slot of its worker id from a
+small thread, every ``PUBLISH_INTERVAL`` seconds and when its iteration ends; the main process sums the slots of the
+latest run. A sequence number per slot (odd while written) lets a reader skip a half-written slot.
 """
 
 from __future__ import annotations
 
+import math
+import multiprocessing
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from multiprocessing.context import get_spawning_popen
 from typing import Any
 
-__all__ = ["Stats"]
+__all__ = ["PUBLISH_INTERVAL", "SharedStats", "Stats"]
+
+#: Seconds between two publications of a DataLoader worker's counters (and when its iteration ends).
+PUBLISH_INTERVAL = 0.1
+#: Worker slots per dataset; DataLoader workers with a higher id are not counted in the main process.
+MAX_WORKERS = 128
 
 
 @dataclass
@@ -98,3 +116,123 @@ class Stats:
             f"{s['retries']} retries, {s['shards_skipped']} shards and {s['samples_skipped']} samples skipped, "
             f"consumer waited {s['wait_s']:.1f} s ({100 * s['wait_fraction']:.0f}%)"
         )
+
+
+#: What one worker's slot holds, in order (all as doubles; integers below 2**53 are exact).
+_COUNTERS = ("bytes_read", "samples_read", "samples_delivered", "shards_total", "shards_done", "shards_in_flight",
+             "shards_skipped", "samples_skipped", "retries", "requests", "throttled", "parts", "open_streams",
+             "concurrency", "concurrency_cap", "buffered_bytes", "buffer_limit", "reserved_bytes",
+             "peak_buffered_bytes")
+_HEAD = ("seq", "workers", "started", "stamp", "wait_seconds", "ttfb_s")
+_WIDTH = len(_HEAD) + len(_COUNTERS)
+
+
+def _to_monotonic(perf: float) -> float:
+    """A ``time.perf_counter()`` reading on the system-wide ``time.monotonic()`` clock, comparable across processes."""
+    return time.monotonic() - (time.perf_counter() - perf)
+
+
+def _noop() -> None:
+    return None
+
+
+class _Publisher:
+    """Copies one worker's :class:`Stats` into its slot: now, every ``PUBLISH_INTERVAL`` s, and on ``stop()``."""
+
+    def __init__(self, array: Any, base: int, workers: int, stats: Stats) -> None:
+        self._array, self._base, self._workers, self._stats = array, base, workers, stats
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._write()
+        threading.Thread(target=self._run, name="wds-async-stats", daemon=True).start()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(PUBLISH_INTERVAL):
+            self._write()
+
+    def stop(self) -> None:
+        """Write the final counters and end the thread (idempotent)."""
+        if not self._stopped.is_set():
+            self._write()
+            self._stopped.set()
+
+    def _write(self) -> None:
+        stats, array, base = self._stats, self._array, self._base
+        with self._lock:
+            if self._stopped.is_set():
+                return
+            stats.snapshot()  # refreshes the buffered-bytes fields from the live byte budget
+            now = time.monotonic()
+            stamp = _to_monotonic(stats.finished) if stats.finished is not None else now
+            ttfb = math.nan if stats.ttfb_s is None else stats.ttfb_s
+            values = [self._workers, _to_monotonic(stats.started), stamp, stats.wait_seconds, ttfb]
+            values += [getattr(stats, name) for name in _COUNTERS]
+            array[base] += 1  # odd: being written
+            array[base + 1:base + _WIDTH] = values
+            array[base] += 1
+
+
+class SharedStats:
+    """The counters of a dataset's DataLoader workers, one slot per worker id, summed for the main process."""
+
+    def __init__(self, array: Any = None) -> None:
+        self._array = array if array is not None else multiprocessing.RawArray("d", MAX_WORKERS * _WIDTH)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The block travels only with a process being started (spawn/forkserver: its fd is passed to the child);
+        # a pickle made for any other reason cannot carry shared memory, so its copy starts a block of its own.
+        if get_spawning_popen() is not None:
+            return (SharedStats, (self._array,))
+        return (SharedStats, ())
+
+    def publish(self, stats: Stats) -> Callable[[], None]:
+        """In a DataLoader worker: clear this worker's slot, copy ``stats`` into it every ``PUBLISH_INTERVAL``
+        seconds from a small thread (so the counters stay live while the worker waits on the DataLoader's
+        queue), and return ``stop()``, which writes them a last time. Elsewhere: nothing, and a no-op ``stop``."""
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        if info is None or info.id >= MAX_WORKERS:
+            return _noop
+        return _Publisher(self._array, info.id * _WIDTH, min(info.num_workers, MAX_WORKERS), stats).stop
+
+    def _slots(self) -> list[dict[str, float]]:
+        rows = []
+        for slot in range(MAX_WORKERS):
+            base = slot * _WIDTH
+            for _ in range(100):  # a writer holds a slot for microseconds
+                seq = self._array[base]
+                row = self._array[base:base + _WIDTH]
+                if seq % 2 == 0 and row[0] == seq:
+                    break
+            else:
+                continue
+            if seq:
+                rows.append({"slot": slot, **dict(zip(_HEAD, row))} | dict(zip(_COUNTERS, row[len(_HEAD):])))
+        return rows
+
+    def combined(self, local: Stats | None = None) -> dict[str, Any]:
+        """The snapshot ``stats()`` shows: in the main process, the latest run of its DataLoader workers, summed
+        (with a ``workers`` count), unless ``local`` (this process's own iteration) started after them; in a
+        worker, ``local``."""
+        from torch.utils.data import get_worker_info
+
+        rows = [] if get_worker_info() is not None else self._slots()
+        if not rows or (local is not None and _to_monotonic(local.started) > max(r["started"] for r in rows)):
+            return (local or Stats()).snapshot()
+        workers = int(max(rows, key=lambda r: r["started"])["workers"])
+        rows = [r for r in rows if r["slot"] < workers]
+        first, last = min(r["started"] for r in rows), max(r["stamp"] for r in rows)
+        ttfbs = [r["ttfb_s"] for r in rows if not math.isnan(r["ttfb_s"])]
+        total = Stats(started=time.perf_counter() - (time.monotonic() - first),
+                      finished=time.perf_counter() - (time.monotonic() - last),
+                      wait_seconds=sum(r["wait_seconds"] for r in rows),
+                      ttfb_s=sum(ttfbs) / len(ttfbs) if ttfbs else None,
+                      concurrency_reason=f"summed over {len(rows)} DataLoader workers")
+        for name in _COUNTERS:
+            setattr(total, name, int(sum(r[name] for r in rows)))
+        snap = total.snapshot()
+        busy = sum(max(r["stamp"] - r["started"], 0.0) for r in rows)
+        snap["wait_fraction"] = round(total.wait_seconds / busy, 3) if busy > 0 else 0.0
+        snap["workers"] = len(rows)
+        return snap

@@ -22,6 +22,9 @@ Invariants:
   bytes, which bounds memory per step against compression bombs.
 * The first all-zero block ends the archive and the bytes after it are ignored (the gzip member that
   holds it is still inflated to its end so that its CRC is checked).
+* A regular file whose header announces more than ``max_member_bytes`` raises
+  :class:`~wds_async.errors.SampleTooLarge` from that header, before any of its data is kept, so a
+  corrupt or hostile size field costs nothing (the engine passes ``EngineConfig.max_sample_bytes``).
 * EOF is not success: ``close()`` raises :class:`TruncatedShard` unless the end-of-archive block was
   seen and no gzip member is left open. A parser that raised stays failed and re-raises that error.
 """
@@ -33,7 +36,7 @@ import struct
 import zlib
 from typing import NamedTuple
 
-from .errors import ShardFormatError, TruncatedShard
+from .errors import SampleTooLarge, ShardFormatError, TruncatedShard
 
 __all__ = ["Member", "TarParser"]
 
@@ -111,11 +114,12 @@ def _header_name(block: bytes) -> str:
 class TarParser:
     """Incremental tar (or gzipped tar) parser; see the module docstring for its invariants."""
 
-    def __init__(self, *, url: str | None = None, start_offset: int = 0) -> None:
+    def __init__(self, *, url: str | None = None, start_offset: int = 0, max_member_bytes: int | None = None) -> None:
         self._url = url
+        self._max_member = max_member_bytes if max_member_bytes is not None else 1 << 63
         self._start = start_offset
         self._pos = start_offset  # absolute offset of the next byte the tar layer takes
-        self._error: ShardFormatError | None = None
+        self._error: ShardFormatError | SampleTooLarge | None = None
         self._gzip: bool | None = None  # undecided until two bytes were seen
         self._sniff = b""  # a lone first byte, or half a gzip magic between gzip members
         self._gz: zlib._Decompress | None = None  # the gzip member being inflated
@@ -170,7 +174,7 @@ class TarParser:
                 self._gunzip(mv, out)
             else:
                 self._tar(mv, out)
-        except ShardFormatError as exc:
+        except (ShardFormatError, SampleTooLarge) as exc:
             self._error = exc
             raise
         if not mv.readonly and self._parts:
@@ -209,6 +213,12 @@ class TarParser:
 
     def _cut(self, message: str, offset: int) -> TruncatedShard:
         return TruncatedShard(message, url=self._url, offset=offset)
+
+    def _too_large(self, name: str, size: int, offset: int) -> SampleTooLarge:
+        return SampleTooLarge(
+            f"tar member {name!r} announces {size} bytes, more than max_sample_bytes={self._max_member}; "
+            "raise max_sample_bytes if samples this large are intended, else the shard is corrupt",
+            url=self._url, offset=offset, member=name, size=size, limit=self._max_member)
 
     def _gunzip(self, mv: memoryview, out: list[Member]) -> None:
         data: bytes | memoryview = mv
@@ -324,6 +334,8 @@ class TarParser:
                     size = self._parse_size(block, off)
             name = _header_name(block) if block[345] else block[:100].split(b"\0", 1)[0].decode(
                 "utf-8", "surrogateescape")
+            if size > self._max_member:
+                raise self._too_large(name, size, off)
             if n - i < size:  # the data goes on in the next chunk
                 self._pos = base + i
                 self._begin(_FILE, size, name, off, out)
@@ -371,6 +383,8 @@ class TarParser:
         self._begin(_FILE if flag in _REGULAR else _SKIP, size, name, entry_off, out)
 
     def _begin(self, kind: int, size: int, name: str, off: int, out: list[Member]) -> None:
+        if kind == _FILE and size > self._max_member:
+            raise self._too_large(name, size, off)
         self._kind, self._name, self._entry_off, self._size, self._left = kind, name, off, size, size
         self._pad = -size % _BLOCK
         if size:

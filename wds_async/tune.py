@@ -176,6 +176,7 @@ def tune(urls: str | Sequence[str], *, levels: Sequence[int] = DEFAULT_LEVELS, m
     cannot be reached, and ValueError for settings that make no sweep.
     """
     from ._loop import run_private
+    from .backends import scheme_options
     from .listing import expand_globs
     from .urls import expand_urls
 
@@ -186,10 +187,12 @@ def tune(urls: str | Sequence[str], *, levels: Sequence[int] = DEFAULT_LEVELS, m
         raise ValueError(f"part sizes must be positive byte counts, got {list(part_bytes)}")
     if ranks < 1 or workers < 1:
         raise ValueError(f"ranks and workers must be at least 1, got {ranks} and {workers}")
-    objects = expand_globs(expand_urls(urls if isinstance(urls, str) else list(urls)))[:MAX_OBJECTS]
+    listed = expand_urls(urls if isinstance(urls, str) else list(urls))
+    options = scheme_options(backend_options, listed)
+    objects = expand_globs(listed, options=options)[:MAX_OBJECTS]
     report = progress or (lambda done, total, label, rate: None)
     sweep, parts, knee = run_private(lambda: run_sweep(
-        objects, chosen, seconds, part_bytes, backend_options, report, knee_of=_knee,
+        objects, chosen, seconds, part_bytes, options, report, knee_of=_knee,
         stop=(lambda done: False) if full else (lambda done: plateaued([m.mb_s for m in done])),
         part_name=size_text))
     best = max(sweep, key=lambda m: m.mb_s)

@@ -4,6 +4,11 @@ Accepted forms: a string with ``{a,b}`` / ``{000..099}`` brace patterns, several
 ``::``, or any sequence of strings (each brace-expanded too). Schemes: bare paths and ``file://``,
 ``pipe:CMD``, ``http://``, ``https://`` (cloud schemes are registered in :mod:`wds_async.backends`).
 
+Before brace expansion, ``${NAME}`` is replaced by the environment variable ``WDS_NAME``, as webdataset
+does (only the braced form, only ``WDS_``-prefixed variables; a value may hold ``${...}`` again, up to 10
+rounds). Unlike webdataset, which takes a list of URLs literally, every entry of a sequence gets the same
+treatment as a string. :func:`wds_async.urlcheck.check_url` checks each resulting URL's shape.
+
 Brace expansion is a small function of our own rather than a dependency: the grammar is tiny, and we
 want a malformed pattern to raise :class:`~wds_async.errors.UrlError` naming the pattern instead of
 being taken literally.
@@ -11,13 +16,14 @@ being taken literally.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Sequence
 from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .errors import UrlError
 
-__all__ = ["braceexpand", "expand_urls", "redact_url", "scheme_of", "url_key"]
+__all__ = ["braceexpand", "expand_env", "expand_urls", "redact_text", "redact_url", "scheme_of", "url_key"]
 
 #: Hard cap on how many URLs one pattern may produce, so a typo cannot eat all memory.
 MAX_EXPANSION = 10_000_000
@@ -95,6 +101,32 @@ def _expand_range(body: str, pattern: str) -> list[str] | None:
     return None
 
 
+_ENV_REF = re.compile(r"\$\{(\w+)\}")
+
+#: Rounds of ``${NAME}`` substitution, as webdataset: a value may name another variable, a cycle stops here.
+ENV_ROUNDS = 10
+
+
+def expand_env(pattern: str) -> str:
+    """Replace every ``${NAME}`` in ``pattern`` by the environment variable ``WDS_NAME`` (webdataset's rule).
+
+    An unset variable raises :class:`UrlError` naming it; write ``$\\{`` for a literal ``${``."""
+    text = pattern
+    for _ in range(ENV_ROUNDS):
+        if "${" not in text:
+            break
+        text = _ENV_REF.sub(lambda m: _env_value(m.group(1), pattern), text)
+    return text
+
+
+def _env_value(name: str, pattern: str) -> str:
+    value = os.environ.get("WDS_" + name)
+    if value is None:
+        raise UrlError(f"${{{name}}} in {pattern!r} stands for the environment variable WDS_{name}, which is not "
+                       f"set: set it, or escape a literal '${{' as '$\\{{'")
+    return value
+
+
 def _unescape(text: str) -> str:
     return re.sub(r"\\(.)", r"\1", text)
 
@@ -131,8 +163,9 @@ def braceexpand(pattern: str) -> list[str]:
 def expand_urls(urls: str | Iterable[str]) -> list[str]:
     """Return the flat list of shard URLs for ``urls`` (string with ``::`` and braces, or a sequence).
 
-    Raises :class:`UrlError` for an empty result, a non-string entry or a malformed pattern. Schemes are
-    checked by the backend registry, not here.
+    Each pattern gets :func:`expand_env`, then :func:`braceexpand`. Raises :class:`UrlError` for an empty
+    result, a non-string entry, an unset variable or a malformed pattern. Schemes are checked by
+    :func:`~wds_async.urlcheck.check_url` and the backend registry, not here.
     """
     if isinstance(urls, (bytes, bytearray)):
         raise UrlError(f"urls must be str or a sequence of str, got {type(urls).__name__}")
@@ -144,7 +177,7 @@ def expand_urls(urls: str | Iterable[str]) -> list[str]:
     for pattern in patterns:
         if not isinstance(pattern, str):
             raise UrlError(f"every URL must be a str, got {type(pattern).__name__}: {pattern!r}")
-        pattern = pattern.strip()
+        pattern = expand_env(pattern).strip()
         if not pattern:
             continue
         result.extend(braceexpand(pattern))
@@ -167,10 +200,16 @@ def scheme_of(url: str) -> str:
     return "file"
 
 
+#: Query parameters whose value is a secret or signs one (S3/GCS presigned URLs, Azure SAS, API tokens);
+#: matched on the end of the name, so ``X-Amz-Signature``, ``access_token`` and ``AWSAccessKeyId`` are caught.
 _SECRET_PARAMS = re.compile(
-    r"(sig|signature|token|credential|secret|password|key|x-amz-security-token|x-goog-signature|se|sp|sv)$",
+    r"(sig|signature|token|credential|secret|password|passwd|pwd|key|keyid|auth|authorization|se|sp|sv)$",
     re.IGNORECASE,
 )
+#: A URL inside free text (an exception message), up to a quote, bracket or blank.
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()\[\]]+")
+#: A secret query parameter outside any URL we could parse (a relative URL, a bare query string).
+_PARAM_IN_TEXT = re.compile(r"(?<![A-Za-z0-9_-])([A-Za-z0-9_-]+)=([^&\s'\"<>()\[\]]+)")
 
 
 def _network_parts(url: str) -> SplitResult | None:
@@ -184,7 +223,8 @@ def _network_parts(url: str) -> SplitResult | None:
 
 
 def redact_url(url: str) -> str:
-    """Remove what must never reach a log: userinfo passwords and signing/SAS query values."""
+    """Remove what must never reach a log: userinfo passwords and signing/SAS query values (replaced by
+    ``***``). The one URL scrubber of the project; a URL with nothing to hide comes back unchanged."""
     parts = _network_parts(url)
     if parts is None:
         return url
@@ -196,8 +236,20 @@ def redact_url(url: str) -> str:
     query = parts.query
     if query:
         pairs = parse_qsl(query, keep_blank_values=True)
-        query = urlencode([(k, "***" if _SECRET_PARAMS.search(k) else v) for k, v in pairs], safe="*")
+        if any(_SECRET_PARAMS.search(k) for k, _v in pairs):
+            query = urlencode([(k, "***" if _SECRET_PARAMS.search(k) else v) for k, v in pairs], safe="*")
+    if netloc == parts.netloc and query == parts.query:
+        return url  # nothing to hide: keep the text exactly as given (urlunsplit would drop an empty "//")
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def redact_text(text: str) -> str:
+    """:func:`redact_url` applied to every URL inside ``text`` (an exception message from a client library),
+    and secret ``name=value`` query parameters outside a URL masked as well."""
+    text = _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), text)
+    return _PARAM_IN_TEXT.sub(
+        lambda m: f"{m.group(1)}=***" if _SECRET_PARAMS.search(m.group(1)) and m.group(2) != "***" else m.group(0),
+        text)
 
 
 def url_key(url: str) -> str:

@@ -38,11 +38,11 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from contextlib import suppress
-from typing import IO, Any
-
+from typing import IO, TYPE_CHECKING, Any
 
 from .backends.file import local_path
 from .backends.pipe import pipe_command, pipes_allowed
+from .encoders import _BYTES, _encode_sample, default_handlers, make_encoder
 from .errors import (
     BackendError,
     NotFound,
@@ -51,9 +51,11 @@ from .errors import (
     SampleError,
     UrlError,
 )
-from .encoders import _BYTES, _encode_sample, default_handlers, make_encoder
 from .index import ShardEntry, ShardIndex
 from .urls import redact_url, scheme_of
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["ShardWriter", "TarWriter", "default_handlers", "make_encoder"]
 
@@ -214,7 +216,7 @@ class TarWriter:
         self._offset, self._closed, self._broken = 0, False, False
         self.samples: list[tuple[str, int, int]] | None = [] if record_samples else None
 
-    def __enter__(self) -> TarWriter:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -232,7 +234,7 @@ class TarWriter:
             raise SampleError(f"sample with fields {sorted(encoded)} has no __key__")
         fields = [f for f in sorted(encoded) if f != "__key__" and (self.keep_meta or not f.startswith("_"))]
         if self._handlers is not None:  # only the fields that will be written are encoded
-            encoded = _encode_sample(encoded, fields + ["__key__"], self._handlers)
+            encoded = _encode_sample(encoded, [*fields, "__key__"], self._handlers)
         key = encoded["__key__"]
         if not isinstance(key, str) or not key:
             raise SampleError(f"__key__ must be a non-empty str, got {key!r}")
@@ -410,7 +412,7 @@ class ShardWriter:
                           keys=tuple(r[0] for r in rows), offsets=tuple(r[1] for r in rows),
                           ends=tuple(r[2] for r in rows))
 
-    def __enter__(self) -> ShardWriter:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

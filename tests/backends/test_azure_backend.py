@@ -19,15 +19,15 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+import wds_async.backends.azure as azure_mod
 from azure.core.credentials import AccessToken
 from azure.core.exceptions import ClientAuthenticationError
 from azure.storage.blob import BlobServiceClient, ContainerSasPermissions, generate_container_sas
+from wds_async.backends.azure import AzureBackend, parse_url
 
 import wds_async as wds
-import wds_async.backends.azure as azure_mod
 from tests.backends.contract import BackendContract, ContractEnv
 from tests.emulators import AZURITE_ACCOUNT, AZURITE_KEY, azurite, azurite_connection_string, unavailable
-from wds_async.backends.azure import AzureBackend, parse_url
 
 WRONG_KEY = base64.b64encode(b"not the azurite key, but valid base64 of 64 bytes............").decode()
 SIG_VALUE = re.compile(r"sig=(?!\*\*\*)", re.IGNORECASE)

@@ -16,12 +16,12 @@ import google.auth.credentials
 import google.auth.exceptions
 import pytest
 from aiohttp import web
+from wds_async.backends.base import ObjectIdentity
+from wds_async.backends.gcs import READ_ONLY_SCOPE, GcsBackend, parse_gs_url
 
 import wds_async as wds
-from wds_async.backends.base import ObjectIdentity
 from tests.backends.contract import BackendContract, ContractEnv
 from tests.emulators import gcs_emulator, unavailable
-from wds_async.backends.gcs import READ_ONLY_SCOPE, GcsBackend, parse_gs_url
 
 SECRET = "SECRET-TOKEN"
 

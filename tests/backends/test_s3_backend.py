@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 
 import boto3
 import pytest
+from wds_async.backends.s3 import S3Backend
 
 import wds_async as wds
 from tests.backends.contract import BackendContract, ContractEnv, make_shard
 from tests.emulators import MOTO_ENV, moto_server, unavailable
-from wds_async.backends.s3 import S3Backend
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +106,7 @@ def test_missing_credentials_explain_what_to_set(moto_endpoint: str, monkeypatch
 
 
 def test_missing_bucket_and_key(s3_env: dict[str, str], moto_endpoint: str) -> None:
-    with pytest.raises(wds.NotFound, match="s3://no-such-bucket-xyz/x.tar"):
+    with pytest.raises(wds.NotFound, match=re.escape("s3://no-such-bucket-xyz/x.tar")):
         list(wds.WebDataset(["s3://no-such-bucket-xyz/x.tar"]))
     bucket, _ = _bucket(moto_endpoint)
     with pytest.raises(wds.NotFound, match="NoSuchKey"):
@@ -114,5 +115,5 @@ def test_missing_bucket_and_key(s3_env: dict[str, str], moto_endpoint: str) -> N
 
 @pytest.mark.parametrize("url", ["s3://", "s3://bucket-only", "s3:///key"])
 def test_malformed_s3_urls(url: str, s3_env: dict[str, str]) -> None:
-    with pytest.raises(wds.UrlError, match="malformed S3 URL"):
+    with pytest.raises(wds.UrlError, match=r"names no bucket|no object in it"):
         list(wds.WebDataset([url]))

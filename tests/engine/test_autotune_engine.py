@@ -5,7 +5,6 @@ fixes the concurrency."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest

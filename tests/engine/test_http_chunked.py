@@ -8,7 +8,6 @@ import tarfile
 
 import pytest
 from aiohttp import web
-
 from wds_async.backends.http import HttpBackend
 
 

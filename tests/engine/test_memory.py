@@ -22,9 +22,9 @@ CHILD = r"""
 import json, sys, time
 import wds_async as wds
 from benchmarks.peakmem import PeakMemory
-urls, connections, part = json.loads(sys.argv[1])
+urls, connections, part, budget = json.loads(sys.argv[1])
 mem = PeakMemory()
-ds = wds.WebDataset(urls, max_connections=connections, max_buffered_bytes=%d, part_bytes=part,
+ds = wds.WebDataset(urls, max_connections=connections, max_buffered_bytes=budget, part_bytes=part,
                     nodesplitter=None, workersplitter=None)
 n = 0
 for _ in ds:
@@ -34,7 +34,7 @@ above = mem.stop()
 st = ds.stats()
 print(json.dumps({"samples": n, "above": above, "concurrency": st["concurrency"], "reason": st["concurrency_reason"],
                   "parts": st["parts"], "peak_buffered": st["peak_buffered_bytes"]}))
-""" % BUDGET
+"""
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +47,9 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StoreProcess]:
 
 
 def _run(urls: list[str], connections: int | str, part: int) -> dict:  # type: ignore[type-arg]
-    out = subprocess.run([sys.executable, "-c", CHILD, json.dumps([urls, connections, part])], capture_output=True,
-                         text=True, timeout=300, cwd=Path(__file__).resolve().parents[2])
+    args = json.dumps([urls, connections, part, BUDGET])
+    out = subprocess.run([sys.executable, "-c", CHILD, args], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 

@@ -110,9 +110,7 @@ def test_a_slow_consumer_stops_the_parts_within_the_budget(big: tuple[StoreProce
     limit = 8 * MiB  # room for 6 open streams' allowances: enough for parts to run beside the in-order read
     ds = wds.WebDataset(store.base_url + "shard-{000000..000001}.tar", part_bytes=PART, max_buffered_bytes=limit,
                         max_connections=6, deterministic=True)
-    n = 0
-    for _ in ds:
-        n += 1
+    for n, _ in enumerate(ds, 1):
         if n % 20 == 0:
             time.sleep(0.02)
     stats = ds.stats()

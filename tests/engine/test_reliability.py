@@ -9,12 +9,12 @@ from pathlib import Path
 
 import psutil
 import pytest
+from wds_async.backends.base import ByteStream, ObjectIdentity
+from wds_async.backends.file import FileBackend
 
 import wds_async as wds
 from benchmarks.store_process import StoreProcess
 from tests.conftest import sample_digest
-from wds_async.backends.base import ByteStream, ObjectIdentity
-from wds_async.backends.file import FileBackend
 
 RETRY = wds.RetryPolicy(attempts=40, base_delay=0.0, max_delay=0.01)
 
@@ -144,8 +144,8 @@ def test_secrets_never_appear_in_errors_or_repr(store: StoreProcess) -> None:
 
 
 def test_aiohttp_error_text_never_carries_a_signature() -> None:
-    from wds_async.backends.http import _safe
+    from wds_async.urls import redact_text
 
-    text = _safe(Exception("400, message='Bad', url='https://acct.blob.core.windows.net/c/b?sv=1&sig=SECRET'"))
+    text = redact_text("400, message='Bad', url='https://acct.blob.core.windows.net/c/b?sv=1&sig=SECRET'")
     assert "SECRET" not in text and "acct.blob.core.windows.net/c/b" in text
-    assert _safe(Exception("Cannot connect to host 127.0.0.1:80")) == "Cannot connect to host 127.0.0.1:80"
+    assert redact_text("Cannot connect to host 127.0.0.1:80") == "Cannot connect to host 127.0.0.1:80"

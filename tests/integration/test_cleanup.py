@@ -15,7 +15,6 @@ import wds_async as wds
 from benchmarks.store_process import StoreProcess
 from tests.conftest import engine_threads, open_fds, wait_until
 
-
 _children_before: set[int] = set()
 
 

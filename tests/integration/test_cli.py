@@ -1,16 +1,38 @@
-"""The ``wds-async`` command on local shards (the cloud forms run in tests/backends/contract.py)."""
+"""The ``wds-async`` command, run through its installed entry point, on local shards and over the emulated
+store on 127.0.0.1 (the cloud forms of ``ls`` and ``bench`` also run in tests/backends/contract.py)."""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
-CLI = [sys.executable, "-m", "wds_async.cli"]
+import pytest
+
+from benchmarks.store_process import StoreProcess
+
+#: The console script pip installed beside this interpreter (``python -m wds_async.cli`` where there is none).
+_SCRIPT = Path(sys.executable).with_name("wds-async")
+CLI = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "wds_async.cli"]
 
 
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300)
+def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300, env=env)
+
+
+def _one_line_error(out: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    """Exit status 2, nothing on stdout, and exactly one line on stderr holding every fragment."""
+    assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
+    assert out.stdout == "", out.stdout
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("wds-async"), out.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
 
 
 def test_ls_expands_braces_and_globs(shard_dir: Path) -> None:
@@ -53,4 +75,155 @@ def test_bench_progress_shows_a_status_line(shard_dir: Path) -> None:
 
 def test_bad_url_is_a_clear_error() -> None:
     out = _run("verify", "ftp://host/x.tar")
-    assert out.returncode == 2 and "unknown URL scheme 'ftp'" in out.stderr
+    _one_line_error(out, "unknown URL scheme 'ftp'", "ftp://host/x.tar")
+
+
+# --- ls ----------------------------------------------------------------------------------------------------
+
+def test_ls_unknown_scheme_is_one_line_error() -> None:
+    _one_line_error(_run("ls", "ftp://h/x.tar"), "unknown URL scheme 'ftp'", "url=ftp://h/x.tar")
+
+
+@pytest.mark.parametrize("pattern", ["https://127.0.0.1:9/train-*.tar", "http://127.0.0.1:9/d/train-00[0-3].tar"])
+def test_ls_refuses_an_http_glob(pattern: str) -> None:
+    _one_line_error(_run("ls", pattern), "http(s) has no listing", "{000..099}", pattern)
+
+
+def test_ls_http_query_is_no_glob(store: StoreProcess) -> None:
+    """A ``?`` starts an http query: such a URL is listed as written, not refused as a glob."""
+    url = store.url("shard-000000.tar", ttfb=0)
+    assert "?" in url
+    out = _run("ls", url)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [url]
+
+
+def test_ls_json_lines(shard_dir: Path) -> None:
+    out = _run("ls", "--json", str(shard_dir / "shard-00000[01].tar"))
+    assert out.returncode == 0, out.stderr
+    assert [json.loads(line) for line in out.stdout.splitlines()] == [
+        {"url": str(shard_dir / "shard-000000.tar")}, {"url": str(shard_dir / "shard-000001.tar")}]
+
+
+def test_ls_long_json_over_http(store: StoreProcess, shard_dir: Path, pattern: str) -> None:
+    out = _run("ls", "-l", "--json", pattern)
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    names = sorted(p.name for p in shard_dir.glob("shard-*.tar"))
+    assert rows == [{"url": store.url(n), "size": (shard_dir / n).stat().st_size} for n in names]
+
+
+def test_ls_long_of_a_missing_object_names_it(store: StoreProcess) -> None:
+    missing = store.base_url + "no-such-shard.tar"
+    out = _run("ls", "-l", store.url("shard-000000.tar"), missing)
+    _one_line_error(out, missing)
+
+
+def test_ls_progress_goes_to_stderr_only(shard_dir: Path) -> None:
+    out = _run("ls", "-l", "--progress", str(shard_dir / "shard-*.tar"))
+    assert out.returncode == 0, out.stderr
+    names = sorted(p.name for p in shard_dir.glob("shard-*.tar"))
+    assert [line.split() for line in out.stdout.splitlines()] == [
+        [str((shard_dir / n).stat().st_size), str(shard_dir / n)] for n in names]
+    assert "sizes" in out.stderr and "\x1b[" in out.stderr
+
+
+# --- verify ------------------------------------------------------------------------------------------------
+
+def test_verify_a_glob_reports_one_line_per_shard(shard_dir: Path, manifest: dict) -> None:  # type: ignore[type-arg]
+    out = _run("verify", str(shard_dir / "shard-*.tar"))
+    assert out.returncode == 0, out.stderr
+    expected = [f"ok   {shard_dir / s['name']}: {s['samples']} samples, {s['bytes']} bytes"
+                for s in manifest["shards"]]
+    assert out.stdout.splitlines() == expected
+    assert f"verified {len(expected)} shards: {len(expected)} ok, 0 failed" in out.stderr
+
+
+def test_verify_json_lines(shard_dir: Path, tmp_path: Path, manifest: dict) -> None:  # type: ignore[type-arg]
+    bad = tmp_path / "bad.tar"
+    bad.write_bytes((shard_dir / "shard-000000.tar").read_bytes()[:5000])
+    missing = tmp_path / "missing.tar"
+    out = _run("verify", "--json", "-q", str(shard_dir / "shard-00000{0,1}.tar"), str(bad), str(missing))
+    assert out.returncode == 1
+    assert out.stderr == ""  # -q: no summary
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [set(r) for r in rows] == [{"url", "ok", "samples", "bytes", "error", "error_type"}] * 4
+    for row, shard in zip(rows[:2], manifest["shards"][:2], strict=True):
+        assert row == {"url": str(shard_dir / shard["name"]), "ok": True, "samples": shard["samples"],
+                       "bytes": shard["bytes"], "error": None, "error_type": None}
+    assert rows[2]["url"] == str(bad) and rows[2]["ok"] is False and rows[2]["error_type"] == "TruncatedShard"
+    assert str(bad) in rows[2]["error"] and rows[2]["bytes"] == 5000
+    assert rows[3]["ok"] is False and rows[3]["error_type"] == "NotFound" and str(missing) in rows[3]["error"]
+
+
+def test_verify_over_http_names_the_failing_url(store: StoreProcess, manifest: dict) -> None:  # type: ignore[type-arg]
+    good, gone = store.url("shard-000001.tar"), store.url("shard-000002.tar", status=404)
+    out = _run("verify", good, gone)
+    assert out.returncode == 1
+    lines = out.stdout.splitlines()
+    shard = manifest["shards"][1]
+    assert lines[0] == f"ok   {good}: {shard['samples']} samples, {shard['bytes']} bytes"
+    assert lines[1].startswith(f"FAIL {gone}: ") and "404" in lines[1]
+    assert len(lines) == 2
+
+
+def test_verify_progress_never_touches_stdout(shard_dir: Path) -> None:
+    """With --progress the bar is drawn (stderr counts as a terminal), and stdout holds only the results: rich
+    would otherwise redirect stdout into the display on stderr."""
+    out = _run("verify", "--progress", "-c", "2", str(shard_dir / "shard-*.tar"))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == len(list(shard_dir.glob("shard-*.tar"))) and all(x.startswith("ok   ") for x in lines)
+    assert "\x1b" not in out.stdout
+    assert "verifying" in out.stderr and "\x1b[" in out.stderr
+
+
+@pytest.fixture(scope="module")
+def s3_env(shard_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The environment that points an S3 client at the emulated store's S3 face, which serves a bucket ``data``
+    holding four of the shards (dummy keys; nothing leaves 127.0.0.1)."""
+    root = tmp_path_factory.mktemp("s3root")
+    (root / "data").mkdir()
+    for i in range(4):
+        shutil.copy(shard_dir / f"shard-{i:06d}.tar", root / "data")
+    with StoreProcess(root) as store:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "GOOGLE_", "AZURE_"))}
+        env.update(AWS_ENDPOINT_URL_S3=store.s3_endpoint, AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="x",
+                   AWS_DEFAULT_REGION="us-east-1")
+        yield env
+
+
+def test_verify_an_s3_glob_lists_it(s3_env: dict[str, str], manifest: dict) -> None:  # type: ignore[type-arg]
+    out = _run("verify", "--json", "s3://data/shard-*.tar", env=s3_env)
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [(r["url"], r["samples"]) for r in rows] == [
+        (f"s3://data/{s['name']}", s["samples"]) for s in manifest["shards"][:4]]
+
+
+# --- bench -------------------------------------------------------------------------------------------------
+
+def test_bench_unknown_scheme_fails_before_any_phase() -> None:
+    started = time.monotonic()
+    out = _run("bench", "ftp://h/x.tar", "-c", "2")
+    _one_line_error(out, "unknown URL scheme 'ftp'", "ftp://h/x.tar")
+    assert time.monotonic() - started < 60  # no phase ran (each is an interpreter of its own)
+
+
+def test_bench_http_glob_and_missing_file_fail_before_any_phase(shard_dir: Path, tmp_path: Path) -> None:
+    _one_line_error(_run("bench", "https://127.0.0.1:9/x-*.tar"), "http(s) has no listing")
+    missing = tmp_path / "missing.tar"
+    _one_line_error(_run("bench", str(shard_dir / "shard-000000.tar"), str(missing)), "no such file", str(missing))
+
+
+def test_bench_a_shard_that_fails_in_a_phase_is_one_line(shard_dir: Path, tmp_path: Path) -> None:
+    """The raw phase reads the truncated shard happily; the loader phase fails in its own interpreter, and
+    its error comes back as one line naming the URL and offset (it used to be an exception group's traceback)."""
+    bad = tmp_path / "bad.tar"
+    bad.write_bytes((shard_dir / "shard-000000.tar").read_bytes()[:5000])
+    out = _run("bench", str(bad), "-c", "1", "--no-auto")
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("wds-async: error: "), out.stderr
+    assert f"url={bad}" in lines[0] and "offset=" in lines[0]
+    assert "Traceback" not in out.stderr and "wds-async / raw" not in out.stdout

@@ -15,7 +15,6 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import google_crc32c

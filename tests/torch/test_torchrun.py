@@ -28,7 +28,7 @@ import tarfile
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import pytest
@@ -37,6 +37,9 @@ import wds_async as wds
 from benchmarks.store import Knobs
 from benchmarks.store_process import StoreProcess
 from wds_async.plan import shard_order
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 pytestmark = pytest.mark.slow
 
@@ -66,7 +69,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Any:
                     info.size = len(payload)
                     tar.addfile(info, io.BytesIO(payload))
     with StoreProcess(root, Knobs(seed=7)) as store:
-        pattern = store.base_url + "shard-{000000..%06d}.tar" % (len(SAMPLES_PER_SHARD) - 1)
+        pattern = store.base_url + f"shard-{{000000..{len(SAMPLES_PER_SHARD) - 1:06d}}}.tar"
         index = wds.build_index(pattern)
         assert [e.nsamples for e in index.shards] == SAMPLES_PER_SHARD
         index.save(root / "train.index")
@@ -93,7 +96,7 @@ class Launches:
         self.procs: list[tuple[subprocess.Popen[bytes], Path]] = []
         self.seen: dict[int, psutil.Process] = {}
 
-    def __enter__(self) -> Launches:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -280,7 +280,7 @@ def test_image_shapes_and_ranges() -> None:
     data = IMAGES["rgb.png"]
     assert imagehandler("rgb8")(".png", data).shape == (5, 7, 3)
     rgb = imagehandler("rgb")(".png", data)
-    assert rgb.dtype == np.float32 and 0.0 <= rgb.min() and rgb.max() <= 1.0
+    assert rgb.dtype == np.float32 and rgb.min() >= 0.0 and rgb.max() <= 1.0
     assert imagehandler("torchrgb")(".png", data).shape == (3, 5, 7)
     assert imagehandler("torchl8")(".png", data).shape == (5, 7)  # no channel axis, as in 1.0.2
     assert imagehandler("torchrgba8")(".png", data)[3].eq(255).all()

@@ -10,3 +10,28 @@ def test_all_is_exactly_the_public_surface() -> None:
     assert set(wds_async.__all__) - {"__version__"} == public
     for name in wds_async.__all__:
         assert getattr(wds_async, name) is not None
+
+
+def test_custom_backends_are_registered_through_the_public_api() -> None:
+    from wds_async.backends import register_backend
+
+    assert "register_backend" in wds_async.__all__ and wds_async.register_backend is register_backend
+
+
+def test_webdataset_names_are_exported() -> None:
+    # The webdataset 1.0.2 names that its own tests and users reach for; each has a parity test in
+    # tests/parity/test_names.py.
+    names = {"tarfile_samples", "shardspec", "MockDataset", "non_empty", "resampled", "extract_keys", "rename_keys",
+             "rsample", "xdecode", "RoundRobin", "RandomMix", "Cached", "LMDBCached", "detshuffle", "ResampledShards",
+             "FluidWrapper"}
+    assert names <= set(wds_async.__all__)
+    assert callable(wds_async.DataPipeline([1]).stage)
+    for method in ("rsample", "extract_keys", "rename_keys", "xdecode", "mcached", "lmdb_cached"):
+        assert callable(getattr(wds_async.WebDataset, method))
+
+
+def test_limit_and_engine_errors_are_exported_in_the_tree() -> None:
+    assert {"SampleTooLarge", "EmptyShards", "EngineError"} <= set(wds_async.__all__)
+    assert issubclass(wds_async.SampleTooLarge, wds_async.SampleError)
+    assert issubclass(wds_async.EmptyShards, wds_async.WdsError) and issubclass(wds_async.EmptyShards, ValueError)
+    assert issubclass(wds_async.EngineError, wds_async.WdsError) and issubclass(wds_async.EngineError, RuntimeError)

@@ -16,6 +16,11 @@ from wds_async.tarstream import Member
         ("noext", None),
         ("dir.x/noext", None),
         (".hidden", None),
+        ("q/.hidden.txt", ("q/", "hidden.txt")),  # webdataset: the folder is the key
+        ("a/b/.x.Y", ("a/b/", "x.Y")),
+        ("a.b/c/.x", ("a.b/c/", "x")),
+        ("a.b/.x", None),  # no run of non-dots before the dot that starts after a slash
+        ("q/..x", ("q/", ".x")),
     ],
 )
 def test_split_key(name: str, expected: tuple[str, str] | None) -> None:
@@ -39,6 +44,15 @@ def test_groups_consecutive_members_and_lowercases() -> None:
         {"__key__": "b", "__url__": "u", "jpg": b"b.jpg", "json": b"b.json"},
     ]
     assert [(s.url, s.offset) for s in out] == [("u", 0), ("u", 2048)]
+
+
+def test_dot_files_in_a_folder_group_under_the_folder_but_forks_are_skipped() -> None:
+    g = Grouper("u", _raise)
+    out = g.push(_members("q/.hidden.txt", "q/._hidden.txt", "q/.hidden.JSON", "q/x.txt")) + g.finish()
+    assert [dict(s) for s in out] == [
+        {"__key__": "q/", "__url__": "u", "hidden.txt": b"q/.hidden.txt", "hidden.json": b"q/.hidden.JSON"},
+        {"__key__": "q/x", "__url__": "u", "txt": b"q/x.txt"},
+    ]
 
 
 def test_repeated_extension_routed_to_handler() -> None:

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-pytestmark = pytest.mark.asyncio
-
 from wds_async.limiter import Limiter
+
+pytestmark = pytest.mark.asyncio
 
 
 async def _settle() -> None:

@@ -34,7 +34,7 @@ def _share(**kw: object) -> NodeShare:
 
 
 def test_defaults_keep_todays_per_process_settings_up_to_eight_processes() -> None:
-    assert (NODE_CONNECTIONS, NODE_BUFFERED_BYTES) == (8 * 32, 8 * 256 * MiB)
+    assert (8 * 32, 8 * 256 * MiB) == (NODE_CONNECTIONS, NODE_BUFFERED_BYTES)
     for processes in (1, 2, 8):
         share = _share(processes=processes)
         # autotuned: the ceiling is the process's share of the node's connections

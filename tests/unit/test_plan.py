@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -92,7 +93,7 @@ def test_index_splits_samples_equally_between_ranks(indexed: tuple[list[str], Pa
 def test_index_that_no_longer_matches_the_shard_is_a_clear_error(indexed: tuple[list[str], Path]) -> None:
     urls, index = indexed
     write_tar(Path(urls[1]), [("other.txt", b"changed")])
-    with pytest.raises(wds.ObjectChanged, match="s1.tar") as info:
+    with pytest.raises(wds.ObjectChanged, match=re.escape("s1.tar")) as info:
         _keys(wds.WebDataset(urls, index=index))
     assert "rebuild the index" in str(info.value)
 
@@ -100,7 +101,7 @@ def test_index_that_no_longer_matches_the_shard_is_a_clear_error(indexed: tuple[
 def test_index_without_an_entry_for_a_url_is_refused(indexed: tuple[list[str], Path], tmp_path: Path) -> None:
     urls, index = indexed
     extra = write_tar(tmp_path / "extra.tar", [("x.txt", b"x")])
-    with pytest.raises(ValueError, match="extra.tar"):
+    with pytest.raises(ValueError, match=re.escape("extra.tar")):
         wds.WebDataset([*urls, str(extra)], index=index)
 
 

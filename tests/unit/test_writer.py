@@ -365,7 +365,7 @@ def test_shardwriter_rejects_patterns_without_one_number(tmp_path: Path, pattern
 def test_pipe_nonzero_exit_raises_with_stderr_tail(tmp_path: Path) -> None:
     writer = TarWriter("pipe:cat > /dev/null; echo 'upload refused' >&2; exit 3")
     writer.write({"__key__": "k", "txt": "a"})
-    with pytest.raises(PipeError, match="exited with status 3.*upload refused") as info:
+    with pytest.raises(PipeError, match=r"exited with status 3.*upload refused") as info:
         writer.close()
     assert info.value.returncode == 3 and info.value.stderr_tail == "upload refused"
     writer.close()  # reported once

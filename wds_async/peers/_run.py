@@ -23,7 +23,7 @@ import time
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from . import PEERS, VENVS, Peer
 from ._venv import VenvError, ensure_venv
@@ -260,13 +260,15 @@ def _kill_group(proc: subprocess.Popen[str]) -> None:
 
 
 def _run(coro: Any) -> Any:
-    return asyncio.run(coro)
+    from .._loop import run_private
+
+    return run_private(lambda: coro)
 
 
 def _sizes(urls: list[str], options: dict[str, Any] | None) -> list[int]:
     """Every shard's size, through the loader's own backends (so the same credentials and endpoint)."""
+    from ..backends import BackendSet
     from ..config import EngineConfig
-    from ..engine import BackendSet
 
     async def sizes() -> list[int]:
         backends = BackendSet(EngineConfig(), options=options)
@@ -285,8 +287,8 @@ def _sizes(urls: list[str], options: dict[str, Any] | None) -> list[int]:
 
 
 def _exists(url: str, options: dict[str, Any] | None) -> bool:
+    from ..backends import BackendSet
     from ..config import EngineConfig
-    from ..engine import BackendSet
     from ..errors import NotFound
 
     async def probe() -> bool:
@@ -301,6 +303,10 @@ def _exists(url: str, options: dict[str, Any] | None) -> bool:
     return _run(probe())  # type: ignore[no-any-return]
 
 
+def _create(path: str) -> BinaryIO:
+    return open(path, "wb")
+
+
 def _download(urls: list[str], folder: str, connections: int, options: dict[str, Any] | None) -> None:
     """Copy the shards into ``folder`` (their file names), for a peer's one-time conversion."""
     from .._compat import TaskGroup
@@ -313,10 +319,14 @@ def _download(urls: list[str], folder: str, connections: int, options: dict[str,
             async def worker() -> None:
                 for url in pending:
                     path = os.path.join(folder, url.rstrip("/").rsplit("/", 1)[-1])
-                    with open(path, "wb") as fh:
+                    # Creating and closing (flushing) the file can block on the disk: both in a thread.
+                    fh = await asyncio.to_thread(_create, path)
+                    try:
                         async with backends.for_url(url).open(url) as stream:
                             async for chunk in stream:
                                 fh.write(chunk)
+                    finally:
+                        await asyncio.to_thread(fh.close)
 
             async with TaskGroup() as group:
                 for _ in range(min(connections, len(urls))):

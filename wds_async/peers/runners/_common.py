@@ -40,7 +40,10 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = [
     "Timer",
@@ -98,7 +101,7 @@ class Timer:
     seconds: float = 0.0
     cpu_s: float = 0.0
 
-    def __enter__(self) -> Timer:
+    def __enter__(self) -> Self:
         self._t0, self._c0 = time.perf_counter(), _cpu()
         return self
 
@@ -131,7 +134,7 @@ def run(measure: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
     job = load_job()
     try:
         result = measure(job)
-    except BaseException as exc:  # noqa: BLE001 - reported, not swallowed: exit status 1
+    except BaseException as exc:  # reported, not swallowed: exit status 1
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         print(traceback.format_exc(), file=sys.stderr)
         print(json.dumps({"error": detail[-2000:], "peak_rss": peak_rss()}))

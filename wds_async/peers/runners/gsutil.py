@@ -257,7 +257,7 @@ def version() -> str:
         from importlib.metadata import version as dist_version
 
         return dist_version("gsutil")
-    except Exception:  # noqa: BLE001 - only a label
+    except Exception:  # only a label
         return "?"
 
 
