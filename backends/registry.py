@@ -116,23 +116,19 @@ def _unknown_scheme(scheme: str, url: str | None) -> UrlError:
     )
 
 
-def validate_url(url: str) -> None:
-    """Check a URL's shape without importing any backend: a known scheme, a host for http(s), a command
-    for ``pipe:``. Raises :class:`UrlError` naming the (redacted) URL."""
+def validate_url(url: str, *, allow_pipe: bool = True) -> None:
+    """Check a URL's shape without importing any backend or doing I/O: a known scheme, then what
+    :func:`wds_async.urlcheck.check_url` checks for the built-in ones (a host for http(s), a bucket and key for
+    the stores, a command for ``pipe:`` and pipes allowed, a local path for ``file:``). Raises :class:`UrlError`
+    naming the (redacted) URL and the fix. Custom schemes are their backend's to check."""
+    from wds_async.urlcheck import check_url
     from wds_async.urls import redact_url
-
-    from .base import check_http_url
-    from .pipe import pipe_command
 
     key = backend_key(url)
     if not _known(key):
         raise _unknown_scheme(key, redact_url(url))
-    if key in _CUSTOM:
-        return
-    if key in ("http", "https"):
-        check_http_url(url)
-    elif key == "pipe":
-        pipe_command(url)
+    if key not in _CUSTOM:
+        check_url(url, allow_pipe=allow_pipe)
 
 
 def backend_class(scheme: str, url: str | None = None) -> Callable[..., Any]:

@@ -37,7 +37,6 @@ from .listing import expand_globs
 from .node import share_config
 from .pipeline import split_by_node, split_by_worker, stream_samples
 from .stats import SharedStats, Stats
-from .urlcheck import check_url
 from .urls import expand_urls, redact_url, scheme_of
 
 __all__ = ["WebDataset"]
@@ -129,8 +128,7 @@ class WebDataset(FluidPipeline):
         urls_list = expand_urls(urls)
         pipes = pipes_allowed(allow_pipe)
         for url in urls_list:
-            validate_url(url)
-            check_url(url, allow_pipe=pipes)
+            validate_url(url, allow_pipe=pipes)
         self._backend_options = scheme_options(backend_options, urls_list, backends)
         if allow_pipe is not None:
             self._backend_options["pipe"] = {**self._backend_options.get("pipe", {}), "allow_pipe": allow_pipe}

@@ -1,10 +1,11 @@
 """The shape of one shard URL, checked per built-in scheme before anything is read.
 
-:class:`~wds_async.WebDataset` checks every URL it was given (after ``${NAME}`` and brace expansion) with
-:func:`check_url` at construction, so a malformed URL is a :class:`~wds_async.errors.UrlError` that names
-the URL and the fix there, rather than a failure in a worker at the first batch. It is string work only:
-no I/O, no backend import. Whether the scheme is known at all is the backend registry's question
-(:func:`wds_async.backends.validate_url`); schemes this module does not know pass unchecked.
+:class:`~wds_async.WebDataset` (and the CLI, bench and the indexer) check every URL they were given (after
+``${NAME}`` and brace expansion) at construction, through :func:`wds_async.backends.validate_url`, which asks
+the registry whether the scheme is known and then calls :func:`check_url`. A malformed URL is then a
+:class:`~wds_async.errors.UrlError` that names the URL and the fix there, rather than a failure in a worker at
+the first batch. It is string work only:
+no I/O, no backend import. Schemes this module does not know pass unchecked.
 """
 
 from __future__ import annotations
