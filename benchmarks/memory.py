@@ -24,6 +24,7 @@ from benchmarks.store_process import StoreProcess
 CHILD = r"""
 import json, resource, sys, time
 import wds_async as wds
+[getattr(wds, name) for name in wds.__all__]  # load every export (torch too) before the baseline
 from benchmarks.peakmem import PeakMemory
 urls, level, budget, sleep, part = json.loads(sys.argv[1])
 mem = PeakMemory()

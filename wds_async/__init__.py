@@ -4,73 +4,84 @@ The public API is what this module re-exports (checked by ``tests/unit/test_expo
 
     import wds_async as wds
     ds = wds.WebDataset("https://host/train-{000000..000099}.tar").shuffle(1000).to_tuple("jpg", "cls")
+
+Exports load on first use (SPEC 1 lazy loading; lazy_loader's ``attach_stub`` reads its names from a stub the same
+way): the ``TYPE_CHECKING`` imports below are the one list, read by type checkers as written and, at run time, by
+:func:`_exports` to map each name to its submodule. So ``import wds_async`` costs a few milliseconds, and the
+command line (``wds-async ls``, ``cat``, ``verify``) never imports torch, which only the dataset side needs.
 """
 
-from .backends import register_backend
-from .cached import Cached, LMDBCached
-from .config import EngineConfig, RetryPolicy
-from .dataset import WebDataset
-from .decoders import Continue, Decoder, ImageHandler, basichandlers, handle_extension, imagehandler
-from .errors import (
-    BackendError,
-    DecodingError,
-    EmptyShards,
-    EngineError,
-    MissingDependency,
-    NotFound,
-    ObjectChanged,
-    PermissionDenied,
-    PipeError,
-    SampleError,
-    SampleTooLarge,
-    ShardFormatError,
-    Throttled,
-    TransientError,
-    TruncatedShard,
-    UrlError,
-    WdsError,
-)
-from .filters import (
-    batched,
-    decode,
-    detshuffle,
-    extract_keys,
-    listed,
-    map,
-    map_dict,
-    map_tuple,
-    rename,
-    rename_keys,
-    rsample,
-    select,
-    shuffle,
-    slice,
-    to_tuple,
-    unbatched,
-    unlisted,
-    xdecode,
-)
-from .fluid import Stage, pipelinefilter
-from .grouping import Sample
-from .handlers import ignore_and_continue, ignore_and_stop, reraise_exception, warn_and_continue, warn_and_stop
-from .index import ShardEntry, ShardIndex
-from .indexer import build_index
-from .mix import RandomMix, RoundRobin
-from .mock import MockDataset
-from .pipeline import (
-    DataPipeline,
-    FluidWrapper,
-    WebLoader,
-    split_by_node,
-    split_by_worker,
-    tarfile_samples,
-    tarfile_to_samples,
-)
-from .shardlists import ResampledShards, SimpleShardList, non_empty, resampled, shardspec
-from .stages import default_collation_fn
-from .state import merge_states
-from .urls import braceexpand, expand_urls
-from .writer import ShardWriter, TarWriter
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .backends import register_backend
+    from .cached import Cached, LMDBCached
+    from .config import EngineConfig, RetryPolicy
+    from .dataset import WebDataset
+    from .decoders import Continue, Decoder, ImageHandler, basichandlers, handle_extension, imagehandler
+    from .errors import (
+        BackendError,
+        DecodingError,
+        EmptyShards,
+        EngineError,
+        MissingDependency,
+        NotFound,
+        ObjectChanged,
+        PermissionDenied,
+        PipeError,
+        SampleError,
+        SampleTooLarge,
+        ShardFormatError,
+        Throttled,
+        TransientError,
+        TruncatedShard,
+        UrlError,
+        WdsError,
+    )
+    from .filters import (
+        batched,
+        decode,
+        detshuffle,
+        extract_keys,
+        listed,
+        map,
+        map_dict,
+        map_tuple,
+        rename,
+        rename_keys,
+        rsample,
+        select,
+        shuffle,
+        slice,
+        to_tuple,
+        unbatched,
+        unlisted,
+        xdecode,
+    )
+    from .fluid import Stage, pipelinefilter
+    from .grouping import Sample
+    from .handlers import ignore_and_continue, ignore_and_stop, reraise_exception, warn_and_continue, warn_and_stop
+    from .index import ShardEntry, ShardIndex
+    from .indexer import build_index
+    from .mix import RandomMix, RoundRobin
+    from .mock import MockDataset
+    from .pipeline import (
+        DataPipeline,
+        FluidWrapper,
+        WebLoader,
+        split_by_node,
+        split_by_worker,
+        tarfile_samples,
+        tarfile_to_samples,
+    )
+    from .shardlists import ResampledShards, SimpleShardList, non_empty, resampled, shardspec
+    from .stages import default_collation_fn
+    from .state import merge_states
+    from .urls import braceexpand, expand_urls
+    from .writer import ShardWriter, TarWriter
 
 __version__ = "0.1.0"
 
@@ -156,3 +167,37 @@ __all__ = [
     "warn_and_continue",
     "warn_and_stop",
 ]
+
+
+def _exports() -> dict[str, str]:
+    """``name -> submodule`` for every name the ``TYPE_CHECKING`` block above imports, read from this file."""
+    import ast
+    from pathlib import Path
+
+    exports: dict[str, str] = {}
+    for node in ast.parse(Path(__file__).read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            for imp in node.body:
+                if isinstance(imp, ast.ImportFrom) and imp.level == 1 and imp.module:
+                    exports.update((alias.asname or alias.name, imp.module) for alias in imp.names)
+    return exports
+
+
+_EXPORTS = _exports()
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        try:  # ``wds_async.errors`` and the other submodules, as after an eager import
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # the next access is a plain module attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    # the exports, the submodules loaded so far and the dunders; not this module's own helper imports
+    return sorted({*__all__, *(n for n, v in globals().items() if n.startswith("__") or type(v) is type(importlib))})

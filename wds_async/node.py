@@ -36,8 +36,6 @@ import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from torch.utils.data import get_worker_info
-
 from .config import EngineConfig
 
 __all__ = ["MIN_BUFFERED_BYTES", "MIN_CONNECTIONS", "NODE_BUFFERED_BYTES", "NODE_CONNECTIONS", "NodeShare",
@@ -121,6 +119,8 @@ def local_processes() -> int:
     override = _env(ENV_PROCESSES, _parse_int)
     if override is not None:
         return override
+    from torch.utils.data import get_worker_info  # here: the CLI imports this module and needs no torch
+
     ranks = _env("LOCAL_WORLD_SIZE", _parse_int) or 1
     info = get_worker_info()
     return ranks * (info.num_workers if info is not None else 1)

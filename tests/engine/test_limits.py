@@ -82,6 +82,7 @@ def zeros_server() -> Iterator[str]:
 CHILD = r"""
 import json, resource, sys, time
 import wds_async as wds
+[getattr(wds, name) for name in wds.__all__]  # load every export (torch too) before the cap is measured
 url, headroom, kwargs = json.loads(sys.argv[1])
 status = dict(line.split(":", 1) for line in open("/proc/self/status"))
 vm, rss = (int(status[k].split()[0]) * 1024 for k in ("VmSize", "VmRSS"))

@@ -21,6 +21,7 @@ BUDGET = 32 * MiB
 CHILD = r"""
 import json, sys, time
 import wds_async as wds
+[getattr(wds, name) for name in wds.__all__]  # load every export (torch too) before the baseline
 from benchmarks.peakmem import PeakMemory
 urls, connections, part, budget = json.loads(sys.argv[1])
 mem = PeakMemory()

@@ -1,4 +1,8 @@
+import subprocess
+import sys
 import types
+
+import pytest
 
 import wds_async
 
@@ -35,3 +39,19 @@ def test_limit_and_engine_errors_are_exported_in_the_tree() -> None:
     assert issubclass(wds_async.SampleTooLarge, wds_async.SampleError)
     assert issubclass(wds_async.EmptyShards, wds_async.WdsError) and issubclass(wds_async.EmptyShards, ValueError)
     assert issubclass(wds_async.EngineError, wds_async.WdsError) and issubclass(wds_async.EngineError, RuntimeError)
+
+
+def test_every_export_loads_lazily_from_the_one_list() -> None:
+    # the TYPE_CHECKING imports in __init__ are the one list; _EXPORTS is read from them at import
+    assert set(wds_async._EXPORTS) == set(wds_async.__all__) - {"__version__"}
+    assert wds_async.errors.UrlError is wds_async.UrlError  # submodules still resolve as attributes
+    with pytest.raises(AttributeError, match="no_such_name"):
+        _ = wds_async.no_such_name
+
+
+def test_import_and_the_command_line_do_not_import_torch() -> None:
+    # torch takes ~1.5 s to import; `wds-async ls/cat/verify` and `import wds_async` must not pay for it
+    code = ("import sys, wds_async, wds_async.cli, wds_async._cli_ls, wds_async._cli_cat, wds_async._cli_verify, "
+            "wds_async._tune_cli; assert 'torch' not in sys.modules, 'torch imported'; "
+            "wds_async.WebDataset; assert 'torch' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
