@@ -76,9 +76,10 @@ def command(args: argparse.Namespace) -> int:
 
     def status(name: str, elapsed: float, mb_s: float | None, samples: int | None) -> None:
         nonlocal current
-        if name != current:  # a new phase: restart the elapsed clock
+        if name != current:  # a new phase: restart the elapsed clock, and draw it now, however short it is
             current = name
             line.reset(task, description=name, so_far="")
+            line.refresh()
         so_far = [f"{mb_s:,.1f} MB/s"] if mb_s is not None else []
         so_far += [f"{samples:,} samples"] if samples is not None else []
         line.update(task, so_far="  ".join(so_far))

@@ -58,7 +58,7 @@ def _read_progress(path: str) -> tuple[float | None, int | None]:
 
 def _run_phase(phase: str, urls: list[str], connections: int, max_buffered_bytes: int | None,
                timeout: float, name: str, status: Status | None = None) -> dict[str, Any]:
-    """Run one phase in a fresh interpreter; while it runs, feed ``status`` every 0.25 s."""
+    """Run one phase in a fresh interpreter; feed ``status`` as it starts and every 0.25 s while it runs."""
     cmd = [sys.executable, "-m", "wds_async._bench_phase", "--phase", phase, "--connections", str(connections)]
     if max_buffered_bytes:
         cmd += ["--max-buffered-bytes", str(max_buffered_bytes)]
@@ -67,6 +67,8 @@ def _run_phase(phase: str, urls: list[str], connections: int, max_buffered_bytes
         if status is not None:
             cmd += ["--progress-file", progress_file]
         started = time.monotonic()
+        if status is not None:  # every phase shows, even one that ends before the first poll
+            status(name, 0.0, None, None)
         with subprocess.Popen([*cmd, "--", *urls], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) as proc:
             while True:
