@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Callable
 from contextlib import aclosing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -46,6 +47,17 @@ class ContractEnv:
     sized: bool = True                         # size() knows the size (else it answers None)
     ranged: bool = True                        # a large shard is read as concurrent ranged parts
     missing: type[Exception] = wds.NotFound    # what reading an object that does not exist raises
+
+
+def put_in_folder(root: Path) -> Callable[[str, bytes], None]:
+    """``ContractEnv.put`` for sources that read local files (file, pipe): write ``root/name``."""
+
+    def put(name: str, data: bytes) -> None:
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+    return put
 
 
 def make_shard(index: int, samples: int = 5) -> bytes:

@@ -15,21 +15,16 @@ import pytest
 from wds_async.backends.pipe import PipeBackend
 
 import wds_async as wds
-from tests.backends.contract import BackendContract, ContractEnv
+from tests.backends.contract import BackendContract, ContractEnv, put_in_folder
 
 
 class TestPipeBackend(BackendContract):
     @pytest.fixture()
     def env(self, tmp_path: Path) -> ContractEnv:
-        def put(name: str, data: bytes) -> None:
-            path = tmp_path / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-
         return ContractEnv(
             make_backend=lambda max_connections=32: PipeBackend(),
             url=lambda name: f"pipe:cat {shlex.quote(str(tmp_path / name))}",
-            put=put,
+            put=put_in_folder(tmp_path),
             dataset_options={},
             lists=False,
             sized=False,
