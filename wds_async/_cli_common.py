@@ -19,7 +19,6 @@ error, not an exception group's traceback.
 
 from __future__ import annotations
 
-import builtins
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from typing import Any
@@ -31,10 +30,6 @@ from .tarstream import Member, TarParser
 from .urls import redact_url
 
 __all__ = ["positive", "read_members", "read_samples", "shard_urls", "wds_error"]
-
-# Python 3.10 has no exception groups; isinstance() against an empty tuple is always False.
-_GROUP: Any = getattr(builtins, "BaseExceptionGroup", ())
-
 
 def positive(text: str) -> int:
     """An argparse ``type``: an integer of at least 1."""
@@ -51,22 +46,21 @@ def positive(text: str) -> int:
 
 def wds_error(exc: BaseException) -> WdsError | None:
     """``exc`` when it is a WdsError, else the first WdsError among an exception group's leaves, else None."""
-    if isinstance(exc, _GROUP):
-        return next((e for e in map(wds_error, exc.exceptions) if e is not None), None)
-    return exc if isinstance(exc, WdsError) else None
+    from ._failures import leaves
+
+    return next((e for e in leaves(exc) if isinstance(e, WdsError)), None)
 
 
 def shard_urls(patterns: Sequence[str]) -> list[str]:
     """The shard URLs that ``patterns`` name, checked and with globs listed (see the module docstring)."""
     from .backends import validate_url
-    from .listing import check_not_http_glob, expand_globs
+    from .listing import expand_globs
     from .urls import expand_urls
 
     urls = expand_urls(list(patterns))
     for url in urls:
         validate_url(url)
-        check_not_http_glob(url)
-    return expand_globs(urls)
+    return expand_globs(urls)  # refuses an http(s) glob (listing.check_not_http_glob) before listing any
 
 
 async def read_members(backend: Any, url: str, *, policy: RetryPolicy | None = None,
