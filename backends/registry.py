@@ -63,14 +63,16 @@ _SCHEME = re.compile(r"[a-z][a-z0-9+.-]*\Z")
 
 
 def backend_key(url: str) -> str:
-    """The registry key serving ``url``: its scheme, except that Azure Blob https URLs go to Azure."""
-    from urllib.parse import urlsplit
+    """The registry key serving ``url``: its scheme, except that Azure Blob https URLs go to Azure.
 
+    Called several times per URL while a dataset is built (checks, options, listing, imports), so it reads
+    the host by slicing, not ``urlsplit``: only whether it ends with an Azure suffix matters here."""
     from wds_async.urls import scheme_of
 
     scheme = scheme_of(url)
     if scheme == "https" and "https" not in _CUSTOM:
-        host = (urlsplit(url).hostname or "").lower()
+        netloc = url[len("https://"):].partition("/")[0].partition("?")[0].partition("#")[0]
+        host = netloc.rpartition("@")[2].partition(":")[0].lower()  # an IPv6 "[..]" host is never Azure
         if host.endswith(_AZURE_HOST_SUFFIXES):
             return "azure"
     return scheme

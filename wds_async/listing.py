@@ -46,7 +46,8 @@ def check_not_http_glob(url: str) -> None:
 
     from .backends import backend_key
 
-    if backend_key(url) in ("http", "https") and any(c in urlsplit(url).path for c in "*["):
+    if ("*" in url or "[" in url) and backend_key(url) in ("http", "https") and any(
+            c in urlsplit(url).path for c in "*["):
         raise UrlError("http(s) has no listing, so a glob cannot be expanded; name the shards with a brace "
                        "pattern such as train-{000..099}.tar", url=redact_url(url))
 

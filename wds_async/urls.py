@@ -186,14 +186,18 @@ def expand_urls(urls: str | Iterable[str]) -> list[str]:
     return result
 
 
+_SCHEME_SLASHES = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+_SCHEME_COLON = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):(?!//)")
+
+
 def scheme_of(url: str) -> str:
     """The scheme that selects a backend: ``file`` for bare paths, ``pipe`` for ``pipe:CMD``."""
     if url.startswith("pipe:"):
         return "pipe"
-    m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", url)
+    m = _SCHEME_SLASHES.match(url)
     if m:
         return m.group(1).lower()
-    m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]+):(?!//)", url)
+    m = _SCHEME_COLON.match(url)
     if m and "/" not in m.group(1):
         # Something like "foo:bar" that is not a path: a scheme we may not know.
         return m.group(1).lower()
