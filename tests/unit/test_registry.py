@@ -55,7 +55,12 @@ def test_unknown_scheme() -> None:
 
 @pytest.mark.parametrize(("url", "key"), [("https://acct.blob.core.windows.net/c/b.tar", "azure"),
                                           ("https://example.org/b.tar", "https"), ("gs://b/k", "gs"),
-                                          ("/local/x.tar", "file")])
+                                          ("/local/x.tar", "file"),
+                                          # the host is read by slicing: credentials, port, case, query
+                                          ("https://u:p@ACCT.Blob.core.windows.net:443/c/b?x=1", "azure"),
+                                          ("https://h/x?next=a.blob.core.windows.net", "https"),
+                                          ("https://h#a.blob.core.windows.net/", "https"),
+                                          ("https://[::1]:8443/c/b.tar", "https")])
 def test_backend_key(url: str, key: str) -> None:
     assert backend_key(url) == key
 
