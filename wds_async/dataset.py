@@ -27,6 +27,7 @@ from typing import Any
 from .backends import scheme_options, validate_url
 from .backends.file import local_path
 from .backends.pipe import pipes_allowed
+from .cache import make_cache
 from .config import EngineConfig, RetryPolicy
 from .epoch import Planner
 from .errors import EmptyShards
@@ -75,6 +76,15 @@ class WebDataset(FluidPipeline):
             True}}``; the flat form (``{"endpoint_url": ...}``) when all URLs use one scheme. An option the
             scheme's backend does not take is a :class:`~wds_async.errors.UrlError` here, at construction.
         allow_pipe: forbid (False) or allow ``pipe:`` URLs; default: allowed unless ``WDS_ASYNC_NO_PIPE``.
+        cache_dir, cache_size: keep a copy of every remote shard in ``cache_dir`` (default
+            ``WDS_ASYNC_CACHE_DIR``, else webdataset's ``WDS_CACHE``; None: no cache), written while the shard
+            streams and read from disk in later epochs, by every process of the node (see
+            :mod:`wds_async.cache`). ``cache_size``: the most bytes the copies take (an int or ``"200GB"``;
+            default ``WDS_ASYNC_CACHE_SIZE``, else no limit as in webdataset; -1: no limit; 0: no cache),
+            least recently used copies evicted first.
+        cache_validate: before reading a copy, ask the store (one 1-byte request) whether the object is still
+            that version, and refetch it if not. False trusts the copies (no request at all), as webdataset's
+            cache does.
         index: a shard index (path, store URL or :class:`~wds_async.ShardIndex`): split samples, not shards,
             into equal shares per rank and worker, and check each shard's identity against it.
         drop_last: with an index, drop the remainder instead of padding the last shares by wrapping around.
@@ -114,6 +124,9 @@ class WebDataset(FluidPipeline):
         drop_last: bool = False,
         node_connections: int | None = None,
         node_buffered_bytes: int | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_size: int | str | None = None,
+        cache_validate: bool = True,
     ) -> None:
         super().__init__()
         changes = {k: v for k, v in dict(
@@ -133,6 +146,7 @@ class WebDataset(FluidPipeline):
         if allow_pipe is not None:
             self._backend_options["pipe"] = {**self._backend_options.get("pipe", {}), "allow_pipe": allow_pipe}
         self.urls = expand_globs(urls_list, self.config, self._backend_options, backends)
+        self.cache = make_cache(cache_dir, cache_size, validate=cache_validate)
         _import_backends(self.urls, backends)
         self._local = any(scheme_of(u) == "file" for u in self.urls)  # samples get __local_path__
         self.handler = resolve_handler(handler)
@@ -201,7 +215,7 @@ class WebDataset(FluidPipeline):
         return stream_samples(
             items, config=config, handler=self.handler, stats=stats, backends=self._backends,
             backend_options=self._backend_options, log_interval=self.log_interval,
-            select_files=self.select_files, rename_files=self.rename_files, **callbacks)
+            select_files=self.select_files, rename_files=self.rename_files, cache=self.cache, **callbacks)
 
     def _reread(self, run: Any, positions: list[list[int]]) -> list[Any]:
         ep = run.source

@@ -39,6 +39,7 @@ from ._compat import TaskGroup
 from ._failures import leaves, pick, translate
 from .autotune import Autotuner
 from .backends import BackendSet
+from .cache import CacheFill, CacheHit, ShardCache
 from .config import EngineConfig
 from .errors import SampleTooLarge, TruncatedShard, WdsError
 from .grouping import Grouper, Sample, sample_nbytes
@@ -93,7 +94,9 @@ class Engine:
         log_interval: float | None = None,
         select_files: Callable[[str], bool] | None = None,
         rename_files: Callable[[str], str] | None = None,
+        cache: ShardCache | None = None,
     ) -> None:
+        self.cache = cache
         self.select_files = select_files
         self.rename_files = rename_files
         # A list, or a lazy iterator (resampled or pipeline shard streams), pulled only in the loop thread.
@@ -277,28 +280,44 @@ class Engine:
         members outside ``[start, end)`` are dropped before grouping, and reading stops at ``end``.
         """
         backend = self.backends.for_url(item.url)
-        compressed = item.compressed
-        if compressed is None and item.start > 0:
-            compressed = await self._is_gzip(backend, item)
-        ranged = not compressed
-        first = item.start if ranged else 0
-        failure: BaseException | None = None
-        async with TaskGroup() as group:
-            reader = PartedRead(backend, item.url, start=first, end=item.end if ranged else None,
-                                policy=self.config.retry, stats=self.stats, expect=item.expect, limiter=self.limiter,
-                                budget=self.budget, channel=self.channel, owner=token,
-                                part_bytes=self.config.part_bytes, group=group, requeue=self._requeue)
-            try:
-                await self._parse_item(item, token, reader, ranged)
-            except BaseException as exc:  # re-raised below, outside the group
-                failure = exc
-            finally:
-                reader.close()
-        if failure is not None:
-            raise failure
+        part_bytes = self.config.part_bytes
+        source: CacheHit | CacheFill | None = None
+        if self.cache is not None and self.cache.cacheable(item.url):
+            source = await self.cache.open_item(item.url, whole=item.start == 0 and item.end is None,
+                                                backend=backend, policy=self.config.retry, stats=self.stats)
+            if isinstance(source, CacheHit):
+                backend, part_bytes = source.backend, 0  # a local copy: one sequential reader
+        try:
+            compressed = item.compressed
+            if compressed is None and item.start > 0:
+                compressed = await self._is_gzip(backend, item)
+            ranged = not compressed
+            first = item.start if ranged else 0
+            failure: BaseException | None = None
+            async with TaskGroup() as group:
+                reader = PartedRead(backend, item.url, start=first, end=item.end if ranged else None,
+                                    policy=self.config.retry, stats=self.stats, expect=item.expect,
+                                    limiter=self.limiter, budget=self.budget, channel=self.channel, owner=token,
+                                    part_bytes=part_bytes, group=group, requeue=self._requeue)
+                try:
+                    fill = source if isinstance(source, CacheFill) else None
+                    await self._parse_item(item, token, reader, ranged, fill)
+                except BaseException as exc:  # re-raised below, outside the group
+                    failure = exc
+                finally:
+                    reader.close()
+            if failure is not None:
+                raise failure
+        finally:
+            if isinstance(source, CacheHit):
+                source.close()
+            elif source is not None:
+                await source.close()
 
-    async def _parse_item(self, item: WorkItem, token: object, reader: PartedRead, ranged: bool) -> None:
-        """Feed the item's bytes to a parser and a grouper and its samples to the channel."""
+    async def _parse_item(self, item: WorkItem, token: object, reader: PartedRead, ranged: bool,
+                          fill: CacheFill | None = None) -> None:
+        """Feed the item's bytes to a parser and a grouper and its samples to the channel (and to the shard
+        cache's ``fill`` as they pass: committed once the whole object has been read and parsed)."""
         first = reader.start
         limit = self.config.max_sample_bytes
         parser = TarParser(url=reader.shown, start_offset=first, max_member_bytes=limit)
@@ -317,6 +336,8 @@ class Engine:
                         chunk = await chunk_iter.__anext__()
                     except StopAsyncIteration:
                         break
+                    if fill is not None:
+                        await fill.write(chunk, reader.first.identity.size if reader.first.identity else None)
                     members = parser.feed(chunk)
                     if filtered:
                         past = hi is not None and any(m.offset >= hi for m in members)
@@ -343,6 +364,8 @@ class Engine:
                     offset=parser.offset)
             self._emit(token, item, grouper.finish(), held, parser, grouper)
             held = 0
+            if fill is not None and not stopped_early:
+                await fill.commit(reader.first.identity, self.stats)
         except SampleTooLarge as exc:  # refused from its tar header: name the sample it would have started
             if exc.key is None and exc.member is not None:
                 exc.key = grouper.key_of(exc.member)

@@ -84,6 +84,7 @@ def stream_samples(
     log_interval: float | None = None,
     select_files: Callable[[str], bool] | None = None,
     rename_files: Callable[[str], str] | None = None,
+    cache: Any = None,
     on_sample: Callable[[Any], None] | None = None,
     on_item_done: Callable[[int], None] | None = None,
 ) -> Generator[Any, None, None]:
@@ -91,12 +92,13 @@ def stream_samples(
     :class:`~wds_async.work.WorkItem`), from a bridge that lives exactly as long as this generator.
 
     ``on_sample(sample)`` runs just before a sample is yielded, ``on_item_done(id)`` once all samples of a
-    work item were yielded: what a checkpoint needs to know."""
+    work item were yielded: what a checkpoint needs to know. ``cache``: a :class:`~wds_async.cache.ShardCache`
+    that remote shards are read from, or written to as they stream."""
     bridge = Bridge(
         (_url(item) for item in urls) if not isinstance(urls, list) else [_url(u) for u in urls],
         config=config, handler=handler, stats=stats or Stats(), backends=backends,
         backend_options=backend_options, log_interval=log_interval,
-        engine_options={"select_files": select_files, "rename_files": rename_files},
+        engine_options={"select_files": select_files, "rename_files": rename_files, "cache": cache},
     )
     bridge.start()
     try:

@@ -48,6 +48,8 @@ class Stats:
     requests: int = 0              # opens of a source (each retry and each ranged part is one)
     throttled: int = 0             # 429/503 answers: the store asked to slow down
     parts: int = 0                 # extra ranged parts fetched beside large shards' in-order reads
+    cache_hits: int = 0            # items read from a complete copy in the shard cache
+    cache_fills: int = 0           # shards written to the shard cache (committed) while they streamed
     ttfb_s: float | None = None    # time to first byte, a moving average over requests
     open_streams: int = 0          # requests answered and streaming now (not those waiting or backing off)
     concurrency: int = 0           # requests the engine allows in flight now
@@ -96,6 +98,8 @@ class Stats:
             "requests": self.requests,
             "throttled": self.throttled,
             "parts": self.parts,
+            "cache_hits": self.cache_hits,
+            "cache_fills": self.cache_fills,
             "ttfb_ms": None if self.ttfb_s is None else round(self.ttfb_s * 1000, 1),
             "concurrency": self.concurrency,
             "concurrency_cap": self.concurrency_cap,
@@ -120,7 +124,8 @@ class Stats:
 
 #: What one worker's slot holds, in order (all as doubles; integers below 2**53 are exact).
 _COUNTERS = ("bytes_read", "samples_read", "samples_delivered", "shards_total", "shards_done", "shards_in_flight",
-             "shards_skipped", "samples_skipped", "retries", "requests", "throttled", "parts", "open_streams",
+             "shards_skipped", "samples_skipped", "retries", "requests", "throttled", "parts", "cache_hits",
+             "cache_fills", "open_streams",
              "concurrency", "concurrency_cap", "buffered_bytes", "buffer_limit", "reserved_bytes",
              "peak_buffered_bytes")
 _HEAD = ("seq", "workers", "started", "stamp", "wait_seconds", "ttfb_s")
