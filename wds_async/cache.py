@@ -44,13 +44,14 @@ import json
 import logging
 import os
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 import aiofiles
 import aiofiles.os
 
-from .backends import ObjectIdentity
+from .backends import ByteStream, ObjectIdentity
 from .backends.file import FileBackend
 from .config import RetryPolicy
 from .node import parse_bytes
@@ -58,7 +59,7 @@ from .reader import RangeReader
 from .stats import Stats
 from .urls import redact_url, scheme_of
 
-__all__ = ["CacheEntry", "CacheFill", "CacheHit", "ShardCache", "make_cache"]
+__all__ = ["CacheEntry", "CacheFill", "CacheHit", "Prechecks", "ShardCache", "make_cache"]
 
 log = logging.getLogger("wds_async")
 
@@ -174,7 +175,8 @@ class ShardCache:
 
     # -- the engine's entry point ---------------------------------------------------------------------
     async def open_item(self, url: str, *, whole: bool, backend: Any, policy: RetryPolicy,
-                        stats: Stats | None = None) -> CacheHit | CacheFill | None:
+                        stats: Stats | None = None, prechecks: Prechecks | None = None
+                        ) -> CacheHit | CacheFill | None:
         """What the engine reads ``url`` from: a copy (:class:`CacheHit`), the store while filling the cache
         (:class:`CacheFill`, only when ``whole``), or the store alone (None)."""
         if self._ready_pid != os.getpid():
@@ -183,7 +185,7 @@ class ShardCache:
         stalled_since: float | None = None
         seen = -1
         while True:
-            hit = await self._hit(url, backend, policy, stats)
+            hit = await self._hit(url, backend, policy, stats, prechecks)
             if hit is not None or not whole:
                 return hit
             fill = await asyncio.to_thread(self._take_lock, url)
@@ -202,14 +204,16 @@ class ShardCache:
                 return None
             await asyncio.sleep(0.1)
 
-    async def _hit(self, url: str, backend: Any, policy: RetryPolicy, stats: Stats | None) -> CacheHit | None:
+    async def _hit(self, url: str, backend: Any, policy: RetryPolicy, stats: Stats | None,
+                   prechecks: Prechecks | None = None) -> CacheHit | None:
         found = await asyncio.to_thread(self._open_copy, url)
         if found is None:
             return None
         fd, identity = found
         try:
             if self.validate:
-                current = await _store_identity(backend, url, policy, stats)
+                current = await (prechecks.identity(url, backend) if prechecks is not None else
+                                 _store_identity(backend, url, policy, stats))
                 conflict = identity.conflicts_with(current)
                 if conflict:
                     log.info("cache: %s changed in the store (%s); refetching it", redact_url(url), conflict)
@@ -221,7 +225,7 @@ class ShardCache:
             raise
         if stats is not None:
             stats.cache_hits += 1
-        return CacheHit(self, fd, identity)
+        return CacheHit(self, fd, identity, self.path(url))
 
     def _open_copy(self, url: str) -> tuple[int, ObjectIdentity] | None:
         """The open data file and recorded identity of a complete copy, touching it as recently used."""
@@ -390,11 +394,46 @@ async def _store_identity(backend: Any, url: str, policy: RetryPolicy, stats: St
     return reader.identity or ObjectIdentity()
 
 
+class Prechecks:
+    """Identity checks started ahead of the items that need them, so a copy's validation costs no round trip
+    on the item's path: the engine calls :meth:`ahead` for the items it will hand out next (those with a copy
+    on disk get a check task in the engine's TaskGroup), and :meth:`identity` when an item reaches its copy.
+    A check whose item never comes is cancelled by :meth:`close`."""
+
+    def __init__(self, cache: ShardCache, policy: RetryPolicy, stats: Stats | None, group: Any) -> None:
+        self.cache, self.policy, self.stats, self.group = cache, policy, stats, group
+        self.tasks: dict[str, asyncio.Task[ObjectIdentity]] = {}
+
+    def ahead(self, url: str, backend: Any) -> None:
+        if (not self.cache.validate or url in self.tasks or not self.cache.cacheable(url)
+                or not os.path.exists(self.cache.path(url, ".json"))):
+            return
+        task = self.group.create_task(_store_identity(backend, url, self.policy, self.stats))
+        task.add_done_callback(_retrieve)  # an error is raised where the item awaits it, or dropped unneeded
+        self.tasks[url] = task
+
+    async def identity(self, url: str, backend: Any) -> ObjectIdentity:
+        task = self.tasks.pop(url, None)
+        if task is None:
+            return await _store_identity(backend, url, self.policy, self.stats)
+        return await task
+
+    def close(self) -> None:
+        for task in self.tasks.values():
+            task.cancel()
+        self.tasks.clear()
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
 class CacheHit:
     """A complete copy, open: :attr:`backend` reads it in place of the store."""
 
-    def __init__(self, cache: ShardCache, fd: int, identity: ObjectIdentity) -> None:
-        self.cache, self.fd, self.identity = cache, fd, identity
+    def __init__(self, cache: ShardCache, fd: int, identity: ObjectIdentity, path: str) -> None:
+        self.cache, self.fd, self.identity, self.path = cache, fd, identity, path
         self.backend = _CopyReader(self)
 
     def close(self) -> None:
@@ -403,27 +442,27 @@ class CacheHit:
             self.fd = -1
 
 
-class _CopyReader(FileBackend):
-    """The file backend's reader over the open copy, answering with the store's identity."""
+class _CopyReader:
+    """Reads the open copy through the file backend, answering with the store's identity.
+
+    The copy is opened by its descriptor's ``/proc/self/fd`` (``/dev/fd``) name where the system has one, so a
+    copy that another process evicts after the lookup stays readable; elsewhere by its path."""
 
     def __init__(self, hit: CacheHit) -> None:
-        super().__init__()
         self.hit = hit
+        self.files = FileBackend()
+        self.buffer_allowance = self.files.buffer_allowance
+        by_fd = next((d for d in ("/proc/self/fd", "/dev/fd") if os.path.isdir(d)), None)
+        self.path = f"{by_fd}/{hit.fd}" if by_fd else hit.path
 
     @contextlib.asynccontextmanager
-    async def open(self, url: str, *, start: int = 0, end: int | None = None) -> Any:
-        from .backends import ByteStream
+    async def open(self, url: str, *, start: int = 0, end: int | None = None) -> AsyncIterator[ByteStream]:
+        async with self.files.open(self.path, start=start, end=end) as stream:
+            stream.identity = self.hit.identity
+            yield stream
 
-        fh = os.fdopen(os.dup(self.hit.fd), "rb")  # reads use pread: the shared file position is never used
-        try:
-            stream = ByteStream(self._chunks(fh, url, start, end, asyncio.get_running_loop()), start=start,
-                                identity=self.hit.identity)
-            try:
-                yield stream
-            finally:
-                await stream.aclose()
-        finally:
-            fh.close()
+    async def size(self, url: str) -> int | None:
+        return self.hit.identity.size
 
 
 class CacheFill:

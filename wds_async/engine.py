@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import collections
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sized
@@ -39,7 +40,7 @@ from ._compat import TaskGroup
 from ._failures import leaves, pick, translate
 from .autotune import Autotuner
 from .backends import BackendSet
-from .cache import CacheFill, CacheHit, ShardCache
+from .cache import CacheFill, CacheHit, Prechecks, ShardCache
 from .config import EngineConfig
 from .errors import SampleTooLarge, TruncatedShard, WdsError
 from .grouping import Grouper, Sample, sample_nbytes
@@ -62,6 +63,9 @@ _GROUP: Any = getattr(builtins, "BaseExceptionGroup", ())
 #: The byte-budget allowance of one open http(s) stream (``HttpBackend.buffer_allowance``): the engine
 #: allows at most as many streams as fit in half the budget.
 STREAM_ALLOWANCE = 640 << 10
+
+#: How many items ahead of the readers a shard cache's identity checks start (see ``Engine._items``).
+PRECHECK_AHEAD = 32
 
 #: ``handler(exc) -> bool``: True to skip and continue, False to stop, raise to propagate.
 Handler = Callable[[BaseException], bool]
@@ -97,6 +101,7 @@ class Engine:
         cache: ShardCache | None = None,
     ) -> None:
         self.cache = cache
+        self._prechecks: Prechecks | None = None
         self.select_files = select_files
         self.rename_files = rename_files
         # A list, or a lazy iterator (resampled or pipeline shard streams), pulled only in the loop thread.
@@ -137,6 +142,8 @@ class Engine:
             async with TaskGroup() as outer:
                 logger = outer.create_task(self._log_periodically()) if self.log_interval else None
                 tuning = outer.create_task(tuner.run()) if tuner is not None else None
+                if self.cache is not None and self.cache.validate:
+                    self._prechecks = Prechecks(self.cache, config.retry, self.stats, outer)
                 async with TaskGroup() as readers:
                     count = len(self.urls) if isinstance(self.urls, Sized) else cap
                     for _ in range(min(cap, count)):  # the limiter, not the task count, sets the concurrency
@@ -144,6 +151,8 @@ class Engine:
                 for task in (logger, tuning):
                     if task is not None:
                         task.cancel()
+                if self._prechecks is not None:
+                    self._prechecks.close()
         except ChannelClosed:
             pass
         except _GROUP as group:  # delivered as one exception of our tree, never as a group
@@ -156,9 +165,21 @@ class Engine:
             self.channel.finish()
 
     def _items(self) -> Iterator[WorkItem]:
-        """The work in order: work items as given, or one whole-shard item per plain URL."""
-        for n, entry in enumerate(self.urls):
-            yield entry if isinstance(entry, WorkItem) else WorkItem(id=n, shard=n, url=entry)
+        """The work in order: work items as given, or one whole-shard item per plain URL. With a shard cache
+        that validates its copies, the next ``PRECHECK_AHEAD`` items are pulled early so that their copies'
+        identity checks run before the items are handed out."""
+        items = (entry if isinstance(entry, WorkItem) else WorkItem(id=n, shard=n, url=entry)
+                 for n, entry in enumerate(self.urls))
+        if self._prechecks is None:
+            yield from items
+            return
+        window: collections.deque[WorkItem] = collections.deque()
+        for item in items:
+            window.append(item)
+            self._prechecks.ahead(item.url, self.backends.for_url(item.url))
+            if len(window) > PRECHECK_AHEAD:
+                yield window.popleft()
+        yield from window
 
     def _fail(self, exc: BaseException) -> None:
         if isinstance(exc, ChannelClosed):
@@ -284,9 +305,10 @@ class Engine:
         source: CacheHit | CacheFill | None = None
         if self.cache is not None and self.cache.cacheable(item.url):
             source = await self.cache.open_item(item.url, whole=item.start == 0 and item.end is None,
-                                                backend=backend, policy=self.config.retry, stats=self.stats)
+                                                backend=backend, policy=self.config.retry, stats=self.stats,
+                                                prechecks=self._prechecks)
             if isinstance(source, CacheHit):
-                backend, part_bytes = source.backend, 0  # a local copy: one sequential reader
+                backend = source.backend  # read as the file backend reads local files, ranged parts included
         try:
             compressed = item.compressed
             if compressed is None and item.start > 0:
