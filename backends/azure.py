@@ -240,14 +240,38 @@ class AzureBackend(HttpBackend):
 
     # -- requests ----------------------------------------------------------------------------------------
 
-    def _object_url(self, target: _Target, blob: str | None) -> str:
+    def _base(self, target: _Target) -> str:
         base = target.base or self._endpoint
         if base is None:
             if not self.account:
                 raise BackendError("no Azure storage account configured: set AZURE_STORAGE_CONNECTION_STRING or "
                                    "AZURE_STORAGE_ACCOUNT, or pass backend_options={'account_name': ...}")
             base = f"{self._protocol}://{self.account}.blob.{self._suffix}"
-        return f"{base}/{target.container}" + ("" if blob is None else "/" + quote(blob, safe="/"))
+        return base
+
+    def _object_url(self, target: _Target, blob: str | None) -> str:
+        return f"{self._base(target)}/{target.container}" + ("" if blob is None else "/" + quote(blob, safe="/"))
+
+    def sdk_client_args(self, url: str) -> tuple[dict[str, Any], str]:
+        """Keyword arguments for azure-storage-blob's ``BlobClient`` reaching ``url`` with the credential
+        reads resolve (above), and its mode: 'url' (the URL's own SAS), 'key', 'sas', 'token' (the
+        ``credential`` given, or None when the caller is to find one) or 'anonymous'. For the writers."""
+        target = parse_url(url)
+        mode = self._mode(target)
+        credential: Any = None
+        if mode == "key":
+            if not self.account:
+                raise BackendError("an Azure account key needs the account name: set AccountName or "
+                                   "AZURE_STORAGE_ACCOUNT", url=redact_url(url))
+            from azure.core.credentials import AzureNamedKeyCredential
+
+            credential = AzureNamedKeyCredential(self.account, self._key or "")
+        elif mode in ("url", "sas"):
+            credential = target.query if mode == "url" else self._sas
+        elif mode == "token":
+            credential = self._credential
+        return {"account_url": self._base(target), "container_name": target.container, "blob_name": target.blob,
+                "credential": credential}, mode
 
     def request_url(self, url: str) -> str:
         target = parse_url(url)

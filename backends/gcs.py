@@ -46,7 +46,7 @@ from ._errors import map_aiohttp_errors
 from .base import ObjectIdentity, glob_prefix, glob_regex
 from .http import HttpBackend
 
-__all__ = ["GcsBackend", "parse_gs_url"]
+__all__ = ["GcsBackend", "parse_gs_url", "resolve_access"]
 
 log = logging.getLogger("wds_async")
 
@@ -62,6 +62,21 @@ def parse_gs_url(url: str) -> tuple[str, str]:
         raise UrlError("malformed gs:// URL: it needs a bucket and an object name, as in gs://bucket/dir/shard.tar",
                        url=redact_url(url))
     return bucket, key
+
+
+def resolve_access(endpoint_url: str | None, anonymous: bool,
+                   credentials: google.auth.credentials.Credentials | None) -> tuple[str, bool, str]:
+    """``(endpoint, anonymous, credential source)`` as the module docstring orders them; the writers
+    (:mod:`wds_async.sinks`) resolve theirs with it too. Application default credentials are left to the
+    caller (their scope differs: read-only here)."""
+    emulator = os.environ.get("STORAGE_EMULATOR_HOST", "").strip()
+    base = endpoint_url or emulator or DEFAULT_ENDPOINT
+    endpoint = (base if "://" in base else "http://" + base).rstrip("/")
+    if credentials is not None:
+        return endpoint, False, type(credentials).__name__
+    if anonymous or (emulator and not endpoint_url):
+        return endpoint, True, "anonymous" if anonymous else "emulator"
+    return endpoint, False, "application default credentials (not resolved yet)"
 
 
 def _refresh(credentials: google.auth.credentials.Credentials) -> None:
@@ -82,18 +97,9 @@ class GcsBackend(HttpBackend):
     def __init__(self, *, endpoint_url: str | None = None, anonymous: bool = False,
                  credentials: google.auth.credentials.Credentials | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        emulator = os.environ.get("STORAGE_EMULATOR_HOST", "").strip()
-        base = endpoint_url or emulator or DEFAULT_ENDPOINT
-        self.endpoint = (base if "://" in base else "http://" + base).rstrip("/")
+        self.endpoint, self._anonymous, self.credential_source = resolve_access(endpoint_url, anonymous, credentials)
         self.note: str | None = None
         self._credentials = credentials
-        self._anonymous = credentials is None and (anonymous or bool(emulator and not endpoint_url))
-        if credentials is not None:
-            self.credential_source = type(credentials).__name__
-        elif self._anonymous:
-            self.credential_source = "anonymous" if anonymous else "emulator"
-        else:
-            self.credential_source = "application default credentials (not resolved yet)"
         self._auth_lock = asyncio.Lock()
 
     # -- credentials ---------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from wds_async.urls import redact_text
 from .base import ByteStream, ObjectIdentity, glob_prefix, glob_regex, status_error
 from .http import HttpBackend
 
-__all__ = ["S3Backend", "WrongRegion", "split_s3_url"]
+__all__ = ["S3Backend", "WrongRegion", "make_client", "split_s3_url"]
 
 log = logging.getLogger("wds_async")
 
@@ -83,20 +83,8 @@ class S3Backend(HttpBackend):
 
     # -- the SDK, off the loop -------------------------------------------------------------------
     def _make_client(self, region: str | None) -> Any:
-        session = boto3.Session(profile_name=self.profile) if self.profile else boto3.Session()
-        config = Config(
-            signature_version=UNSIGNED if self.anonymous else "s3v4",
-            s3={"addressing_style": "path"} if (self.endpoint_url or _env_endpoint()) else {},
-            retries={"max_attempts": 2, "mode": "standard"},
-            max_pool_connections=4,
-        )
-        client = session.client("s3", endpoint_url=self.endpoint_url, region_name=region or self.region,
-                                config=config)
-        if self.anonymous:
-            self.credential_source = "anonymous (unsigned requests)"
-        else:
-            creds = session.get_credentials()
-            self.credential_source = creds.method if creds is not None else "none found"
+        client, self.credential_source = make_client(endpoint_url=self.endpoint_url, region=region or self.region,
+                                                     profile=self.profile, anonymous=self.anonymous)
         return client
 
     async def _sdk(self, fn: Callable[..., T], *args: Any, url: str, region: str | None = None, **kwargs: Any) -> T:
@@ -226,6 +214,27 @@ def _signed_region(url: str, authorization: str) -> str | None:
         scope = m.group(1) if m else ""
     parts = scope.split("/")
     return parts[2] if len(parts) >= 5 else None
+
+
+def make_client(*, endpoint_url: str | None = None, region: str | None = None, profile: str | None = None,
+                anonymous: bool = False, retries: int = 2, max_pool_connections: int = 4,
+                verify: str | None = None) -> tuple[Any, str]:
+    """A boto3 S3 client configured as the backend's (profile, region, endpoint with path-style addressing,
+    unsigned when anonymous) and the name of its credential source, for messages (never a key). The
+    writers (:mod:`wds_async.sinks`) use it too; ``retries`` caps botocore's own retries of a failed call
+    (0: none), ``verify`` is a CA bundle for an https endpoint."""
+    session = boto3.Session(profile_name=profile) if profile else boto3.Session()
+    config = Config(
+        signature_version=UNSIGNED if anonymous else "s3v4",
+        s3={"addressing_style": "path"} if (endpoint_url or _env_endpoint()) else {},
+        retries={"max_attempts": retries, "mode": "standard"},  # botocore's max_attempts counts retries
+        max_pool_connections=max_pool_connections,
+    )
+    client = session.client("s3", endpoint_url=endpoint_url, region_name=region, config=config, verify=verify)
+    if anonymous:
+        return client, "anonymous (unsigned requests)"
+    creds = session.get_credentials()
+    return client, creds.method if creds is not None else "none found"
 
 
 def _env_endpoint() -> str | None:

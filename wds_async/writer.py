@@ -15,12 +15,21 @@ rejected with :class:`~wds_async.errors.SampleError` (a ValueError naming the sa
 absolute (``/x``, ``\\x``, ``C:x``), has an empty or ``..`` component (``/`` and ``\\`` both separate)
 or holds NUL. A rejected sample writes nothing: all fields are encoded and checked before any byte.
 
+Where the bytes go (:mod:`wds_async.sinks`): a local path or ``file://`` URL is written to
+``PATH.partial-<random>`` and renamed into place when the shard is closed; ``s3://``, ``gs://``, ``az://``
+and Azure https URLs stream as multipart, resumable or block uploads with the reading side's credentials
+(``backend_options=``, the same environment), holding about three parts in memory (``part_bytes=``,
+retried per ``retry=``), committed when the shard is closed. A shard that fails (an error mid-sample, a
+failed upload, Ctrl-C) or is left by an exception out of a ``with`` block is aborted: no file or object,
+whole or half, appears under its name. ``pipe:CMD`` feeds a command's stdin; ``-`` is stdout.
+
 Deliberate differences from webdataset 1.0.2: the default mtime is whole seconds (a float costs a PAX
 record per member); ``format=`` is honoured (webdataset ignores it); a ``pipe:`` command must exit 0
-(webdataset lets 141 pass) and ``WDS_ASYNC_NO_PIPE=1`` forbids it; remote schemes raise UrlError (use
-``pipe:``); ``pbm``/``pgm``, HxWx1 arrays, RGBA and torch tensors (CHW) encode; ``npy``/``npz`` never
-pickle; ``cbor`` uses cbor2; ``ShardWriter`` logs to stderr, closes what ``opener`` returned, keeps its
-attributes after an idempotent ``close()``.
+(webdataset lets 141 pass) and ``WDS_ASYNC_NO_PIPE=1`` forbids it; object stores are written directly
+(webdataset needs ``pipe:``); a shard appears only once complete, and an exception out of ``with`` discards
+it (webdataset closes it as a shorter, valid tar); ``pbm``/``pgm``, HxWx1 arrays, RGBA and torch tensors
+(CHW) encode; ``npy``/``npz`` never pickle; ``cbor`` uses cbor2; ``ShardWriter`` logs to stderr, closes
+what ``opener`` returned, keeps its attributes after an idempotent ``close()``.
 """
 
 from __future__ import annotations
@@ -40,18 +49,19 @@ from collections.abc import Callable, Mapping
 from contextlib import suppress
 from typing import IO, TYPE_CHECKING, Any
 
-from .backends.file import local_path
 from .backends.pipe import pipe_command, pipes_allowed
+from .backends.registry import backend_key
+from .config import RetryPolicy
 from .encoders import _BYTES, _encode_sample, default_handlers, make_encoder
 from .errors import (
     BackendError,
     NotFound,
-    PermissionDenied,
     PipeError,
     SampleError,
     UrlError,
 )
 from .index import ShardEntry, ShardIndex
+from .sinks import Sink, open_sink
 from .urls import redact_url, scheme_of
 
 if TYPE_CHECKING:
@@ -143,17 +153,6 @@ class _PipeSink:
         return PipeError(message, url=self.url, returncode=returncode, stderr_tail=tail)
 
 
-def _open_local(url: str) -> IO[bytes]:
-    try:
-        return open(local_path(url), "wb")
-    except FileNotFoundError:
-        raise NotFound("cannot create the file: its directory does not exist", url=url) from None
-    except PermissionError:
-        raise PermissionDenied("permission denied creating the file", url=url) from None
-    except OSError as exc:
-        raise BackendError(f"cannot create the file: {exc.strerror or exc}", url=url) from None
-
-
 def _compression(target: Any, compress: bool | str | None) -> str | None:
     if compress is False:
         return None
@@ -166,7 +165,8 @@ def _compression(target: Any, compress: bool | str | None) -> str | None:
 
 
 class TarWriter:
-    """Write samples (dicts with ``__key__``) into one tar: a path, ``file://``, ``pipe:CMD``, ``-`` or a file.
+    """Write samples (dicts with ``__key__``) into one tar: a path or ``file://`` URL, ``s3://``, ``gs://``,
+    ``az://`` or an Azure https URL, ``pipe:CMD``, ``-`` (stdout) or a file object.
 
     ``compress``: None (from the name: ``...gz``, ``...bz2``, ``...xz``), True/"gz", "bz2", "xz" or False.
     ``encoder``: True (:data:`default_handlers`), a dict of handlers, a callable sample -> sample, or
@@ -175,12 +175,17 @@ class TarWriter:
     None (PAX, as webdataset writes), "ustar", "gnu", "pax" or a tarfile constant. ``record_samples``
     keeps ``(key, offset, end)`` of each written sample in ``samples``: the byte range of its members in
     the tar stream, before compression (what a shard index records). ``compression`` is the compressor
-    in use: None, "gz", "bz2" or "xz".
+    in use: None, "gz", "bz2" or "xz". ``backend_options`` (as ``WebDataset`` takes them), ``part_bytes``
+    and ``retry`` configure the upload to a store (:func:`wds_async.sinks.open_sink`). The tar is committed
+    by :meth:`close` and discarded by :meth:`abort`, by a failure mid-write, or by an exception out of a
+    ``with`` block (see the module docstring).
     """
 
     def __init__(self, fileobj: str | os.PathLike[str] | IO[bytes], user: str = "bigdata", group: str = "bigdata",
                  mode: int = 0o0444, compress: bool | str | None = None, encoder: Any = True, keep_meta: bool = False,
-                 mtime: float | None = None, format: Any = None, *, record_samples: bool = False) -> None:
+                 mtime: float | None = None, format: Any = None, *, record_samples: bool = False,
+                 backend_options: Mapping[str, Any] | None = None, part_bytes: int | None = None,
+                 retry: RetryPolicy | None = None) -> None:
         if mtime is not None and (isinstance(mtime, bool) or not isinstance(mtime, (int, float)) or mtime < 0):
             raise ValueError(f"mtime must be a non-negative number of seconds, not {mtime!r}")
         self._format: Any = _FORMATS.get(format, format) if format is not None else tarfile.PAX_FORMAT
@@ -198,10 +203,7 @@ class TarWriter:
         elif isinstance(target, str) and target.startswith("pipe:"):
             self.stream = _PipeSink(target)
         elif isinstance(target, str):
-            if scheme_of(target) != "file":
-                raise UrlError("TarWriter writes local files, pipe: commands and file objects; "
-                               "for a store, write through pipe: (e.g. 'pipe:aws s3 cp - s3://...')", url=self.url)
-            self.stream = _open_local(target)
+            self.stream = open_sink(target, options=backend_options, part_bytes=part_bytes, policy=retry)
         else:
             self.stream = target
         gz_mtime = None if mtime is None else min(int(mtime), 0xFFFFFFFF)
@@ -219,8 +221,19 @@ class TarWriter:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc_info: object) -> None:
+        if exc_type is not None:
+            self.abort()
+        else:
+            self.close()
+
+    def abort(self) -> None:
+        """Discard the tar: nothing is committed (no file or object; a ``pipe:`` command is killed; a borrowed
+        file object gets no end-of-archive marker). Never raises."""
+        if not self._closed:
+            self._broken = True
+            with suppress(Exception):
+                self.close()
 
     def _members(self, sample: Mapping[str, Any]) -> tuple[str, list[tuple[bytes, Any]]]:
         """Encode and check the whole sample: its key, and (header, payload) per member in webdataset's
@@ -283,7 +296,8 @@ class TarWriter:
         return total
 
     def close(self) -> None:
-        """Write the end-of-archive blocks, finish compression, close what this writer opened."""
+        """Write the end-of-archive blocks, finish compression, and commit what this writer opened (the file
+        or object appears now, whole); a failed writer discards it instead."""
         if self._closed:
             return
         self._closed = True
@@ -300,13 +314,23 @@ class TarWriter:
             raise
         finally:
             if self._broken:
-                if isinstance(self.stream, _PipeSink):
-                    self.stream.abort()
                 if self._out is not self.stream:
                     with suppress(Exception):
                         self._out.close()
-            if self._owned:
-                self.stream.close()
+                if self._owned:
+                    self.stream.abort()  # nothing committed: no file, no object, the command killed
+            elif self._owned:
+                try:
+                    self.stream.close()  # commits; a sink that fails to aborts itself, then raises
+                except BaseException:
+                    self._broken = True
+                    raise
+
+    @property
+    def identity(self) -> Any:
+        """After :meth:`close`, what the sink committed (:class:`~wds_async.backends.ObjectIdentity`:
+        size, ETag or generation), when it knows; else None."""
+        return getattr(self.stream, "identity", None) if self._owned and not self._broken else None
 
 
 class ShardWriter:
@@ -315,16 +339,19 @@ class ShardWriter:
     A new shard starts before a write when the current one holds ``maxcount`` samples or ``maxsize``
     payload bytes (so a shard may pass ``maxsize`` by one sample). ``post(fname)`` runs after each shard
     is closed; ``opener(fname)`` returns the file object to write (closed with the shard); ``**kw`` go to
-    TarWriter. The first shard is opened at construction. Attributes: ``fname``, ``shard`` (the next
-    number), ``count`` and ``size`` (current shard), ``total`` (all samples). ``index``: a local path
-    where ``close()`` writes the shard index (:mod:`wds_async.index`) of the shards written, each
-    entry named as ``pattern % n`` with its file size (None for ``pipe:`` or ``opener`` targets).
+    TarWriter (``backend_options``, ``part_bytes`` and ``retry`` among them, for a store). The first shard
+    is opened at construction. Attributes: ``fname``, ``shard`` (the next number), ``count`` and ``size``
+    (current shard), ``total`` (all samples). ``index``: a local path or store URL where ``close()``
+    writes the shard index (:mod:`wds_async.index`) of the shards written, each entry named as
+    ``pattern % n`` with the identity its upload committed (size, and the ETag or generation of a stored
+    object; no size for ``pipe:`` or ``opener`` targets). An exception out of a ``with`` block, or
+    :meth:`abort`, discards the shard being written (those closed before stay) and writes no index.
     """
 
     def __init__(self, pattern: str, maxcount: int = 100000, maxsize: float = 3e9,
                  post: Callable[[str], Any] | None = None, start_shard: int = 0, verbose: int = 1,
                  opener: Callable[[str], IO[bytes]] | None = None, *, index: str | os.PathLike[str] | None = None,
-                 **kw: Any) -> None:
+                 backend_options: Mapping[str, Any] | None = None, **kw: Any) -> None:
         try:
             distinct = pattern % start_shard != pattern % (start_shard + 1)
         except (TypeError, ValueError):
@@ -335,12 +362,14 @@ class ShardWriter:
             raise ValueError(f"maxcount ({maxcount}) and maxsize ({maxsize}) must be positive")
         self.pattern, self.maxcount, self.maxsize, self.post = pattern, maxcount, maxsize, post
         self.verbose, self.opener, self.kw = verbose, opener, kw
+        self.backend_options = backend_options
+        if backend_options is not None:
+            kw["backend_options"] = backend_options
         self.index = None if index is None else os.fspath(index)
         self._entries: list[ShardEntry] = []
         if self.index is not None:
-            if scheme_of(self.index) != "file":
-                raise UrlError("an index is written to a local path; copy it next to the shards afterwards",
-                               url=redact_url(self.index))
+            if backend_key(self.index) not in ("file", "s3", "gs", "az", "azure"):
+                raise UrlError("an index is written to a local path or an object store URL", url=redact_url(self.index))
             if _compression(None if opener else pattern % start_shard, kw.get("compress")) not in (None, "gz"):
                 raise ValueError("ShardWriter(index=...) needs plain or gzip shards: wds-async reads no bz2 or xz")
             kw["record_samples"] = True
@@ -394,26 +423,54 @@ class ShardWriter:
             self.post(fname)
 
     def close(self) -> None:
-        """Finish the last shard; later calls do nothing."""
+        """Finish the last shard and write the index; later calls do nothing."""
         if not self._closed:
             self._closed = True
             self.finish()
             if self.index is not None:
-                ShardIndex(self._entries).save(self.index)
+                self._save_index(ShardIndex(self._entries))
+
+    def abort(self) -> None:
+        """Discard the shard being written (closed shards stay) and write no index. Never raises."""
+        self._closed = True
+        stream, opened, self.tarstream, self._opened = self.tarstream, self._opened, None, None
+        if stream is not None:
+            stream.abort()
+        if opened is not None:
+            with suppress(Exception):
+                opened.close()
+
+    def _save_index(self, index: ShardIndex) -> None:
+        assert self.index is not None
+        if scheme_of(self.index) == "file":
+            index.save(self.index)
+            return
+        data = index.dumps()
+        if self.index.endswith(".gz"):
+            data = gzip.compress(data, mtime=0)
+        sink: Sink = open_sink(self.index, options=self.backend_options, policy=self.kw.get("retry"))
+        try:
+            sink.write(data)
+        except BaseException:
+            sink.abort()
+            raise
+        sink.close()
 
     def _index_entry(self, stream: TarWriter, fname: str) -> ShardEntry:
-        """The index entry of a shard just closed; its size only when it is a local file we wrote."""
-        size = None
-        if self.opener is None and scheme_of(fname) == "file":
-            with suppress(OSError):
-                size = os.path.getsize(local_path(fname))
+        """The index entry of a shard just closed, with the identity its sink committed (none for ``pipe:``
+        and ``opener`` targets)."""
+        identity = stream.identity if self.opener is None else None
         rows = stream.samples or []
-        return ShardEntry(url=redact_url(fname), size=size, compressed=stream.compression == "gz",
-                          keys=tuple(r[0] for r in rows), offsets=tuple(r[1] for r in rows),
-                          ends=tuple(r[2] for r in rows))
+        return ShardEntry(url=redact_url(fname), size=getattr(identity, "size", None),
+                          etag=getattr(identity, "etag", None), generation=getattr(identity, "generation", None),
+                          compressed=stream.compression == "gz", keys=tuple(r[0] for r in rows),
+                          offsets=tuple(r[1] for r in rows), ends=tuple(r[2] for r in rows))
 
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc_info: object) -> None:
+        if exc_type is not None:
+            self.abort()
+        else:
+            self.close()

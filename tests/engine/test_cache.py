@@ -66,7 +66,7 @@ def test_epoch_two_reads_the_copies(served: tuple[StoreProcess, Path], tmp_path:
 
 
 def test_without_validation_no_request_reaches_the_store(served: tuple[StoreProcess, Path], tmp_path: Path) -> None:
-    server, root = served
+    server, _root = served
     urls = _urls(server)
     cache = tmp_path / "cache"
     expected, _ = _read(urls, cache)
@@ -93,7 +93,7 @@ def test_a_changed_object_is_refetched(served: tuple[StoreProcess, Path], tmp_pa
 
 
 def test_partial_and_uncommitted_files_are_never_trusted(served: tuple[StoreProcess, Path], tmp_path: Path) -> None:
-    server, root = served
+    server, _root = served
     urls = _urls(server)
     cache = tmp_path / "cache"
     expected, _ = _read(urls, cache)
@@ -119,7 +119,7 @@ def test_lru_eviction_by_bytes(served: tuple[StoreProcess, Path], tmp_path: Path
     cache = tmp_path / "cache"
     size = (root / "shard-000000.tar").stat().st_size
     budget = int(2.5 * size)
-    expected, stats = _read(urls, cache, cache_size=budget, max_connections=1)  # shards committed in order
+    _expected, stats = _read(urls, cache, cache_size=budget, max_connections=1)  # shards committed in order
     assert stats["cache_fills"] == N
     sc = ShardCache(cache, budget)
     assert sc.usage()["bytes"] <= budget and len(sc.entries()) == 2
@@ -148,7 +148,7 @@ def test_ranged_parts_fill_the_cache(served: tuple[StoreProcess, Path], tmp_path
 
 def test_resume_and_index_shares_read_ranges_of_the_copies(served: tuple[StoreProcess, Path],
                                                            tmp_path: Path) -> None:
-    server, root = served
+    server, _root = served
     urls = _urls(server)
     cache = tmp_path / "cache"
     index_path = tmp_path / "index.json"
@@ -220,7 +220,7 @@ def test_local_and_pipe_shards_are_not_cached(shard_dir: Path, tmp_path: Path) -
     urls = [str(shard_dir / "shard-000000.tar"), f"pipe:cat {shard_dir / 'shard-000001.tar'}"]
     cache = tmp_path / "cache"
     _, stats = _read(urls, cache)
-    assert stats["cache_fills"] == 0 and not cache.exists() or not any(cache.iterdir())
+    assert (stats["cache_fills"] == 0 and not cache.exists()) or not any(cache.iterdir())
 
 
 def _crash_child(urls: list[str], cache: str) -> None:
@@ -338,3 +338,19 @@ def test_cli_cache_ls_du_clear(served: tuple[StoreProcess, Path], tmp_path: Path
     assert ShardCache(cache).usage() == {"copies": 0, "bytes": 0, "partial_files": 0, "partial_bytes": 0}
     assert main(["cache", "du", str(tmp_path / "nope")]) == 2
     assert "no such cache directory" in capsys.readouterr().err
+
+
+def test_dataloader_workers_share_one_cache(served: tuple[StoreProcess, Path], tmp_path: Path) -> None:
+    from torch.utils.data import DataLoader
+
+    server, _ = served
+    urls = _urls(server)
+    cache = tmp_path / "cache"
+    plain = sorted(s["__key__"] for s in wds.WebDataset(urls))
+    for epoch in range(2):
+        ds = wds.WebDataset(urls, cache_dir=cache)
+        loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork")
+        keys = sorted(s["__key__"] for s in loader)
+        assert keys == plain
+        stats = ds.stats()  # the workers' counters, summed
+        assert (stats["cache_fills"], stats["cache_hits"]) == ((N, 0) if epoch == 0 else (0, N))

@@ -104,7 +104,7 @@ def test_shard_writer_refuses_what_an_index_cannot_describe(tmp_path: Path) -> N
     with pytest.raises(ValueError, match="bz2 or xz"):
         ShardWriter(str(tmp_path / "x-%03d.tar.xz"), verbose=0, index=tmp_path / "i.jsonl")
     with pytest.raises(ValueError, match="local path"):
-        ShardWriter(str(tmp_path / "x-%03d.tar"), verbose=0, index="s3://bucket/i.jsonl")
+        ShardWriter(str(tmp_path / "x-%03d.tar"), verbose=0, index="http://host/i.jsonl")
 
 
 def test_truncated_shard_is_an_error_naming_it(shard_dir: Path, tmp_path: Path) -> None:
@@ -118,10 +118,12 @@ def test_truncated_shard_is_an_error_naming_it(shard_dir: Path, tmp_path: Path) 
 def test_retried_reads_give_the_same_index(store: StoreProcess, pattern: str) -> None:
     clean = build_index(store.url("shard-000003.tar"))
     # The store draws its faults from one server-wide generator, so whether this request is cut depends on the
-    # tests before; build until at least one cut happened (P(none in 10) = 1e-10).
+    # tests before; build until at least one cut happened (P(none in 10) < 1e-3).
     for _ in range(10):
         dropped = store.stats()["dropped"]
-        flaky = build_index(store.url("shard-000003.tar", drop_rate=0.9))
+        # 0.5, not more: a cut within the last chunk makes no progress (aiohttp drops the bytes it buffered
+        # when the connection closes short), so at 0.9 eight cuts in a row (p = 0.43) gave up now and then.
+        flaky = build_index(store.url("shard-000003.tar", drop_rate=0.5))
         assert flaky.shards[0].offsets == clean.shards[0].offsets and flaky.shards[0].size == clean.shards[0].size
         if store.stats()["dropped"] > dropped:
             break
