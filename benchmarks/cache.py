@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 import wds_async as wds
 from benchmarks.make_shards import make_shards, parse_size
 from benchmarks.store import Knobs
@@ -34,16 +36,23 @@ from benchmarks.store_process import StoreProcess
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _epoch(urls: list[str], **kw: Any) -> dict[str, Any]:
+def _cpu(proc: psutil.Process) -> float:
+    times = proc.cpu_times()
+    return times.user + times.system
+
+
+def _epoch(urls: list[str], server: psutil.Process, **kw: Any) -> dict[str, Any]:
     ds = wds.WebDataset(urls, **kw)
-    start = time.perf_counter()
+    me = psutil.Process()
+    start, cpu, server_cpu = time.perf_counter(), _cpu(me), _cpu(server)
     n = 0
     for _ in ds:
         n += 1
     seconds = time.perf_counter() - start
     stats = ds.stats()
     return {"seconds": seconds, "samples": n, "mb_per_s": stats["bytes_read"] / seconds / 1e6,
-            "cache_hits": stats["cache_hits"], "cache_fills": stats["cache_fills"], "requests": stats["requests"]}
+            "cache_hits": stats["cache_hits"], "cache_fills": stats["cache_fills"], "requests": stats["requests"],
+            "loader_cpu_s": _cpu(me) - cpu, "store_cpu_s": _cpu(server) - server_cpu}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,22 +81,26 @@ def main(argv: list[str] | None = None) -> int:
         with StoreProcess(args.dir, Knobs(ttfb=args.ttfb, bw=args.bw)) as store:
             urls = [store.base_url + Path(p).name for p in paths]
             print(f"store: {store.base_url} ttfb={args.ttfb}s bw={args.bw / 1e6:.0f} MB/s per connection")
-            kw = {"max_connections": connections, "cache_dir": cache_dir}
-            rows["epoch 1 (fill)"].append(_epoch(urls, **kw))
+            kw: dict[str, Any] = {"max_connections": connections, "cache_dir": cache_dir}
+            server = psutil.Process(store.pid)
+            rows["epoch 1 (fill)"].append(_epoch(urls, server, **kw))
             for _ in range(args.rounds):
-                rows["epoch 2 (copies)"].append(_epoch(urls, **kw))
-                rows["local files"].append(_epoch([str(p) for p in paths], max_connections=connections))
-                rows["epoch 2, cache_validate=False"].append(_epoch(urls, cache_validate=False, **kw))
+                rows["epoch 2 (copies)"].append(_epoch(urls, server, **kw))
+                rows["local files"].append(_epoch([str(p) for p in paths], server, max_connections=connections))
+                rows["epoch 2, cache_validate=False"].append(_epoch(urls, server, cache_validate=False, **kw))
     finally:
         shutil.rmtree(cache_dir, ignore_errors=True)
     summary = {name: {"seconds": statistics.median(r["seconds"] for r in runs),
                       "mb_per_s": statistics.median(r["mb_per_s"] for r in runs),
+                      "loader_cpu_s": statistics.median(r["loader_cpu_s"] for r in runs),
+                      "store_cpu_s": statistics.median(r["store_cpu_s"] for r in runs),
                       "cache_hits": runs[-1]["cache_hits"], "cache_fills": runs[-1]["cache_fills"],
                       "requests": runs[-1]["requests"], "runs": len(runs)} for name, runs in rows.items()}
-    print(f"\n{'epoch':<32}{'seconds':>9}{'MB/s':>9}{'hits':>6}{'fills':>6}{'requests':>9}")
+    print(f"\n{'epoch':<32}{'seconds':>9}{'MB/s':>9}{'hits':>6}{'fills':>6}{'requests':>9}{'loader CPU s':>14}"
+          f"{'store CPU s':>13}")
     for name, s in summary.items():
         print(f"{name:<32}{s['seconds']:>9.2f}{s['mb_per_s']:>9.0f}{s['cache_hits']:>6}{s['cache_fills']:>6}"
-              f"{s['requests']:>9}")
+              f"{s['requests']:>9}{s['loader_cpu_s']:>14.2f}{s['store_cpu_s']:>13.2f}")
     e1, e2 = summary["epoch 1 (fill)"]["seconds"], summary["epoch 2 (copies)"]["seconds"]
     e2n, local = summary["epoch 2, cache_validate=False"]["seconds"], summary["local files"]["seconds"]
     ratios = {"epoch1_over_epoch2": e1 / e2, "epoch2_over_local": e2 / local,

@@ -14,10 +14,14 @@ remote shard (``http(s)``, ``s3``, ``gs``, ``az``; local files and ``pipe:`` are
   writes every byte it receives to ``NAME.part`` *while* it parses them (no second download; ranged parts
   arrive in order, so they fill the file like one stream). Only when the whole object has arrived, its byte
   count equals the size the store announced and every request saw one identity (the reader refuses to
-  splice versions) is the file synced and renamed into place, then its metadata (``NAME.json``, written
-  to a temporary name and renamed) makes it trusted. A crash at any point leaves at most a ``.part`` file or
-  a data file without metadata; neither is ever read, and both are swept later. A full disk abandons the
-  fill and the shard keeps streaming from the store.
+  splice versions) is the file renamed into place, then its metadata (``NAME.json``, written to a temporary
+  name and renamed) makes it trusted. A process that dies at any point leaves at most a ``.part`` file or a
+  data file without metadata; neither is ever read, and both are swept later. A full disk abandons the fill
+  and the shard keeps streaming from the store.
+  The copy is not fsynced, as in webdataset's, litdata's and MosaicML streaming's caches: a sync per shard
+  made the first epoch 1.6x longer here (0.92 -> 1.5 s for 537 MB: the disk, not the network, set the pace),
+  and what it guards against, a power loss before the kernel wrote the file back, leaves on ext4 (data=ordered)
+  a file shorter than its metadata says, which a lookup refuses (the size is checked on every open).
 * **Another process is filling it** (a rank or DataLoader worker on this node; ``fcntl.flock`` on
   ``NAME.lock``, released by the kernel if that process dies): wait while its ``.part`` file grows, then read
   the copy. If it stops growing for ``stall_seconds`` (that process is blocked, say on its consumer), read the
@@ -67,6 +71,8 @@ log = logging.getLogger("wds_async")
 #: ``pipe:`` command has no identity to check a copy against.
 CACHED_SCHEMES = frozenset({"http", "https", "s3", "gs", "az", "azure"})
 _META_VERSION = 1
+#: The most bytes a fill gathers before writing them to its ``.part`` file.
+FILL_WRITE_BYTES = 1 << 20
 _IDENTITY_FIELDS = ("size", "etag", "generation", "last_modified")
 
 
@@ -240,8 +246,7 @@ class ShardCache:
         if meta.get("version") != _META_VERSION or os.fstat(fd).st_size != identity.size:
             os.close(fd)  # not what was committed (a truncated copy, another format): never trusted
             return None
-        with contextlib.suppress(OSError):
-            os.utime(meta_path)
+        _touch(meta_path)
         return fd, identity
 
     def _take_lock(self, url: str) -> CacheFill | None:
@@ -372,6 +377,14 @@ class ShardCache:
         _unlink(os.path.join(self.directory, name))
 
 
+def _touch(path: str) -> None:
+    """Mark a copy as used now, with the clock's nanoseconds: the kernel stamps files from a coarse clock
+    (a few ms), too coarse to order uses that close together."""
+    now = time.time_ns()
+    with contextlib.suppress(OSError):
+        os.utime(path, ns=(now, now))
+
+
 def _size_or_minus_one(path: str) -> int:
     try:
         return os.stat(path).st_size
@@ -466,7 +479,11 @@ class _CopyReader:
 
 
 class CacheFill:
-    """The lock on one shard and its ``.part`` file, written as the engine reads (see the module docstring)."""
+    """The lock on one shard and its ``.part`` file, written as the engine reads (see the module docstring).
+
+    Chunks are gathered into writes of :data:`FILL_WRITE_BYTES`: one aiofiles call (a thread hop) per network
+    chunk cost as much CPU as the download itself. The engine counts that buffer in its byte budget while
+    the fill is open (``reserve``), so memory stays bounded."""
 
     def __init__(self, cache: ShardCache, url: str, lock_fd: int) -> None:
         self.cache, self.url, self.lock_fd = cache, url, lock_fd
@@ -474,7 +491,7 @@ class CacheFill:
         self.written = 0
         self.failed = False  # abandoned (disk full, too large): the shard goes on from the store
         self._file: Any = None
-        self._sized = False
+        self._pending = bytearray()
 
     async def write(self, chunk: bytes, size: int | None) -> None:
         """Append ``chunk``; ``size`` is the object's announced size (room is made for it first)."""
@@ -486,11 +503,19 @@ class CacheFill:
                     self._abandon("its size is unknown" if size is None else
                                   f"it is larger than the room cache_size={self.cache.max_bytes} leaves")
                     return
-                self._file = await aiofiles.open(self.part, "wb")
-            await self._file.write(chunk)
+                self._file = await aiofiles.open(self.part, "wb", buffering=0)
+            self._pending += chunk
             self.written += len(chunk)
+            if len(self._pending) >= FILL_WRITE_BYTES:
+                await self._flush()
         except OSError as exc:
             self._abandon(f"writing failed: {exc.strerror or exc}" if exc.errno != errno.ENOSPC else "the disk is full")
+
+    async def _flush(self) -> None:
+        data, self._pending = self._pending, bytearray()
+        view = memoryview(data)
+        while view:  # an unbuffered write may take part of the data
+            view = view[await self._file.write(view):]
 
     def _abandon(self, why: str) -> None:
         self.failed = True
@@ -501,8 +526,7 @@ class CacheFill:
         if self.failed or self._file is None or identity is None or identity.size != self.written:
             return False
         try:
-            await self._file.flush()
-            await asyncio.to_thread(os.fdatasync, self._file.fileno())
+            await self._flush()
             await self._file.close()
             self._file = None
             data = self.cache.path(self.url)
@@ -513,6 +537,7 @@ class CacheFill:
             async with aiofiles.open(tmp, "w") as fh:
                 await fh.write(json.dumps(meta))
             await aiofiles.os.replace(tmp, data + ".json")
+            _touch(data + ".json")
         except OSError as exc:
             self._abandon(f"committing failed: {exc.strerror or exc}")
             return False

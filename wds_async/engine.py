@@ -40,7 +40,7 @@ from ._compat import TaskGroup
 from ._failures import leaves, pick, translate
 from .autotune import Autotuner
 from .backends import BackendSet
-from .cache import CacheFill, CacheHit, Prechecks, ShardCache
+from .cache import FILL_WRITE_BYTES, CacheFill, CacheHit, Prechecks, ShardCache
 from .config import EngineConfig
 from .errors import SampleTooLarge, TruncatedShard, WdsError
 from .grouping import Grouper, Sample, sample_nbytes
@@ -309,6 +309,8 @@ class Engine:
                                                 prechecks=self._prechecks)
             if isinstance(source, CacheHit):
                 backend = source.backend  # read as the file backend reads local files, ranged parts included
+            elif source is not None:
+                self.budget.reserve(FILL_WRITE_BYTES)  # the fill's write buffer
         try:
             compressed = item.compressed
             if compressed is None and item.start > 0:
@@ -334,6 +336,7 @@ class Engine:
             if isinstance(source, CacheHit):
                 source.close()
             elif source is not None:
+                self.budget.unreserve(FILL_WRITE_BYTES)
                 await source.close()
 
     async def _parse_item(self, item: WorkItem, token: object, reader: PartedRead, ranged: bool,

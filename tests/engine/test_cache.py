@@ -234,8 +234,8 @@ def test_a_process_killed_mid_fill_leaves_nothing_trusted(tmp_path: Path) -> Non
     import time
 
     root = tmp_path / "store"
-    make_shards(root, n_shards=1, shard_bytes=512 << 10, sample_bytes=8 << 10, seed=4)
-    with StoreProcess(root, Knobs(seed=1, bw=100e3)) as server:  # ~5 s for the shard
+    make_shards(root, n_shards=1, shard_bytes=3 << 20, sample_bytes=64 << 10, seed=4)
+    with StoreProcess(root, Knobs(seed=1, bw=1e6)) as server:  # ~3 s for the shard; the fill writes 1 MiB at a time
         urls = [server.base_url + "shard-000000.tar"]
         cache = tmp_path / "cache"
         part = Path(ShardCache(cache).path(urls[0], ".part"))
