@@ -37,10 +37,12 @@ def test_gzipped_shard_resumes_mid_stream(tmp_path: Path) -> None:
         urls = server.base_url + "shard-{000000..000001}.tar.gz"
         clean = sample_digest(wds.WebDataset(urls, deterministic=True))
         assert clean[0] > 0
-        # The store's fault dice are server-wide, so "no drop at all" (about 1 run in 100 with two shards)
-        # can happen: repeat until a drop really happened, checking every run.
+        # The store's fault dice are server-wide, so "no drop at all" can happen: repeat until a drop really
+        # happened, checking every run. 0.5, not 0.9: a cut inside the last piece of a body makes no progress
+        # (aiohttp discards what it buffered when the connection closes short), so at 0.9 the tail of a shard
+        # needed 10 attempts on average and 40 in a row failed about once in 70 (fresh-clone CI saw it).
         for _ in range(5):
-            faulty = wds.WebDataset(urls + "?drop_rate=0.9", deterministic=True, retry=RETRY)
+            faulty = wds.WebDataset(urls + "?drop_rate=0.5", deterministic=True, retry=RETRY)
             assert sample_digest(faulty) == clean
             if faulty.stats()["retries"] > 0:
                 break
