@@ -1,7 +1,7 @@
-"""The ``wds-async`` command: ``bench``, ``cache``, ``cat``, ``cp``, ``index``, ``ls``, ``tune``, ``verify``.
+"""The ``wds-async`` command: ``bench``, ``cache``, ``cat``, ``cp``, ``index``, ``ls``, ``serve``, ``tune``, ``verify``.
 
 Each subcommand lives in a module of its own (``_cli_ls``, ``_cli_cache``, ``_cli_cat``, ``_cli_cp``,
-``_cli_verify``, ``_cli_index``, ``_bench_cli``, ``_tune_cli``) with ``add_arguments(parser)`` and
+``_cli_verify``, ``_cli_index``, ``_cli_serve``, ``_bench_cli``, ``_tune_cli``) with ``add_arguments(parser)`` and
 ``command(args) -> exit status``. Here they are wired up, and bad input is turned into one line: a
 :class:`~wds_async.errors.WdsError` (also one inside an exception group) prints ``wds-async: error: ...``
 naming the URL, exit status 2. Ctrl-C exits with 130, and a closed stdout (``wds-async cat URL | head``)
@@ -23,7 +23,7 @@ __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    from . import _bench_cli, _cli_cache, _cli_cat, _cli_cp, _cli_index, _cli_ls, _cli_verify, _tune_cli
+    from . import _bench_cli, _cli_cache, _cli_cat, _cli_cp, _cli_index, _cli_ls, _cli_serve, _cli_verify, _tune_cli
 
     parser = argparse.ArgumentParser(prog="wds-async", description="Stream WebDataset shards at network speed.",
                                      epilog="Units: MB and GB are 10**6 and 10**9 bytes, KiB, MiB and GiB 2**10, 2**20 "
@@ -37,6 +37,7 @@ def _parser() -> argparse.ArgumentParser:
         ("cp", _cli_cp, "copy shards between stores (or reshard them), verifying each as it passes"),
         ("index", _cli_index, "stream shards once and write their index (keys and byte ranges)"),
         ("ls", _cli_ls, "print the shard URLs that patterns and globs expand to"),
+        ("serve", _cli_serve, "one loader service for every rank and worker of this node (Unix socket)"),
         ("tune", _tune_cli, "sweep concurrency against a store from this node; recommend its settings"),
         ("verify", _cli_verify, "read shards completely and report samples or errors"),
     ]

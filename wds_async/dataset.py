@@ -37,6 +37,8 @@ from .index import ShardIndex
 from .listing import expand_globs
 from .node import share_config
 from .pipeline import split_by_node, split_by_worker, stream_samples
+from .service.options import check_service_options, service_settings
+from .service.paths import default_socket_path, resolve_service
 from .stats import SharedStats, Stats
 from .urls import expand_urls, redact_url, scheme_of
 
@@ -90,6 +92,12 @@ class WebDataset(FluidPipeline):
         drop_last: with an index, drop the remainder instead of padding the last shares by wrapping around.
         node_connections, node_buffered_bytes: node-wide budgets divided among the local loader processes
             (default: ``WDS_ASYNC_NODE_CONNECTIONS`` / ``WDS_ASYNC_NODE_BUFFERED_BYTES``, else 256 and 2 GiB).
+        service: read through the node service (``wds-async serve``, :mod:`wds_async.service`) instead of an
+            engine in this process: ``"unix://PATH"`` (its socket), or ``"auto"`` (the default socket when a
+            service answers there, else in-process); default ``WDS_ASYNC_SERVICE``, else in-process. Planning
+            (ranks, workers, index shares, shuffle, resume) stays here and behaves exactly the same. Options
+            the service cannot run (``select_files``, ``rename_files``, ``backends`` instances) are a
+            ``ValueError`` here.
     """
 
     def __init__(
@@ -127,6 +135,7 @@ class WebDataset(FluidPipeline):
         cache_dir: str | os.PathLike[str] | None = None,
         cache_size: int | str | None = None,
         cache_validate: bool = True,
+        service: str | None = None,
     ) -> None:
         super().__init__()
         changes = {k: v for k, v in dict(
@@ -147,6 +156,10 @@ class WebDataset(FluidPipeline):
             self._backend_options["pipe"] = {**self._backend_options.get("pipe", {}), "allow_pipe": allow_pipe}
         self.urls = expand_globs(urls_list, self.config, self._backend_options, backends)
         self.cache = make_cache(cache_dir, cache_size, validate=cache_validate)
+        self.service = resolve_service(service)
+        self._service_used: str | None = None
+        if self.service is not None:
+            check_service_options(self.service, select_files, rename_files, backends, self._backend_options)
         _import_backends(self.urls, backends)
         self._local = any(scheme_of(u) == "file" for u in self.urls)  # samples get __local_path__
         self.handler = resolve_handler(handler)
@@ -212,10 +225,32 @@ class WebDataset(FluidPipeline):
         if config.autotune and self._tuned:  # a new epoch starts where the last one's autotuner settled
             config = config.replace(start_connections=self._tuned)
         stats.node_share = share.as_dict()
+        path = self._service_path()
+        if path is not None:
+            from .service.client import service_samples
+
+            settings = service_settings(config, share.processes, self._explicit)
+            cache = None if self.cache is None else {"dir": self.cache.directory, "max_bytes": self.cache.max_bytes,
+                                                     "validate": self.cache.validate}
+            return service_samples(items, socket_path=path, handler=self.handler, stats=stats, settings=settings,
+                                   backend_options=self._backend_options or None, cache=cache, **callbacks)
         return stream_samples(
             items, config=config, handler=self.handler, stats=stats, backends=self._backends,
             backend_options=self._backend_options, log_interval=self.log_interval,
             select_files=self.select_files, rename_files=self.rename_files, cache=self.cache, **callbacks)
+
+    def _service_path(self) -> str | None:
+        """The socket this iteration reads through, or None for in-process (``"auto"`` asks the default one)."""
+        if self.service != "auto":
+            self._service_used = self.service
+            return self.service
+        from .service.client import service_answers
+
+        path = default_socket_path()
+        self._service_used = path if service_answers(path) else None
+        log.info("wds-async: %s", f"reading through the node service at {path}" if self._service_used else
+                 f"no node service answers at {path}: reading in-process")
+        return self._service_used
 
     def _reread(self, run: Any, positions: list[list[int]]) -> list[Any]:
         ep = run.source
@@ -294,7 +329,10 @@ class WebDataset(FluidPipeline):
         says how many; rates are over the span from the first worker's start to its latest update. Inside a
         worker: that worker's own.
         """
-        return self._worker_stats.combined(self._stats_box[0])
+        snapshot = self._worker_stats.combined(self._stats_box[0])
+        if self.service is not None:
+            snapshot["service"] = self._service_used or self.service
+        return snapshot
 
     def __repr__(self) -> str:
         shown = redact_url(self.urls[0]) + (f" ... ({len(self.urls)} shards)" if len(self.urls) > 1 else "")

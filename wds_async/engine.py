@@ -22,7 +22,10 @@ stays one and names the shard, anything foreign becomes :class:`~wds_async.error
 (stop the data here), or raises (the error reaches the consumer at this item's position). An error outside
 any item reaches the consumer translated the same way: never as an ``ExceptionGroup``.
 
-The engine owns no thread: the bridge runs it in its loop thread.
+The engine owns no thread: the bridge runs it in its loop thread. Nor does it assume it is alone: the node
+service (:mod:`wds_async.service`) runs one engine per client over one shared ``limiter`` (then neither
+created nor autotuned here), with ``yield_tokens=True`` so that a reader waiting for room in its own
+client's budget gives its token back meanwhile, and a slow client stalls only itself.
 """
 
 from __future__ import annotations
@@ -88,7 +91,7 @@ class Engine:
 
     def __init__(
         self,
-        urls: Iterable[str],
+        urls: Iterable[str | WorkItem],
         *,
         backends: BackendSet,
         channel: SampleChannel,
@@ -99,8 +102,15 @@ class Engine:
         select_files: Callable[[str], bool] | None = None,
         rename_files: Callable[[str], str] | None = None,
         cache: ShardCache | None = None,
+        limiter: Limiter | None = None,
+        yield_tokens: bool = False,
     ) -> None:
         self.cache = cache
+        #: A limiter given by the caller is shared with other engines (the node service runs one engine per
+        #: client over one node-wide limiter, tuned by its own autotuner): used as is, never autotuned here.
+        self._shared_limiter = limiter
+        #: Give the token back while waiting for room in the byte budget (see ``_wait_for_room``).
+        self.yield_tokens = yield_tokens
         self._prechecks: Prechecks | None = None
         self.select_files = select_files
         self.rename_files = rename_files
@@ -113,7 +123,7 @@ class Engine:
         self.handler = handler
         self.stats = stats
         self.log_interval = log_interval
-        self.limiter = Limiter(1)
+        self.limiter = limiter if limiter is not None else Limiter(1)
         self._exhausted = False  # every item has been handed to a reader
         self._stopping = False
         self.stats.shards_total = len(urls) if isinstance(urls, Sized) else 0
@@ -128,12 +138,16 @@ class Engine:
         # concurrency beyond what half the budget can hold would only make readers wait for room.
         fits = max(1, self.budget.limit // (2 * STREAM_ALLOWANCE))
         cap = min(config.connections, fits)
-        self.limiter = Limiter(min(cap, config.first_connections))
         tuner = None
-        if config.autotune:
+        if self._shared_limiter is not None:
+            self.stats.concurrency = self.stats.concurrency_cap = self.limiter.total
+            self.stats.concurrency_reason = "shared: the node service's limiter"
+        elif config.autotune:
+            self.limiter = Limiter(min(cap, config.first_connections))
             tuner = Autotuner(self.limiter, self.stats, self.budget, minimum=min(config.min_connections, cap),
                               cap=cap, has_work=lambda: not self._exhausted)
         else:
+            self.limiter = Limiter(min(cap, config.first_connections))
             self.stats.concurrency = self.stats.concurrency_cap = cap
             self.stats.concurrency_reason = f"fixed: max_connections={config.connections}" + (
                 f", lowered to {cap}: each open stream takes {STREAM_ALLOWANCE >> 10} KiB of max_buffered_bytes="
@@ -168,7 +182,7 @@ class Engine:
         """The work in order: work items as given, or one whole-shard item per plain URL. With a shard cache
         that validates its copies, the next ``PRECHECK_AHEAD`` items are pulled early so that their copies'
         identity checks run before the items are handed out."""
-        items = (entry if isinstance(entry, WorkItem) else WorkItem(id=n, shard=n, url=entry)
+        items = (entry if isinstance(entry, WorkItem) else WorkItem(id=n, shard=n, url=str(entry))
                  for n, entry in enumerate(self.urls))
         if self._prechecks is None:
             yield from items
@@ -210,6 +224,23 @@ class Engine:
                 await self._read_item(item)
             finally:
                 self.limiter.release()
+
+    async def _wait_for_room(self, token: object) -> None:
+        """Wait until the reader of ``token`` may read another chunk. With ``yield_tokens`` a reader that has
+        to wait gives its limiter token back meanwhile and queues for one after, so that readers stalled by
+        their own consumer never hold tokens that other engines sharing the limiter could use."""
+        budget = self.budget
+        if not self.yield_tokens or budget.used < budget.limit or self.channel.starving_for(token):
+            await budget.wait_for_room(token, self.channel)
+            return
+        self.limiter.release()
+        try:
+            await budget.wait_for_room(token, self.channel)
+            await self.limiter.acquire()
+        except BaseException:
+            # Cancelled without a token: count one as taken, since the reader's ``finally`` gives one back.
+            self.limiter.borrowed += 1
+            raise
 
     async def _requeue(self) -> None:
         """A throttled request gives its token back and queues for one before it retries."""
@@ -356,7 +387,7 @@ class Engine:
             async with aclosing(reader.chunks()) as chunks:
                 chunk_iter = chunks.__aiter__()
                 while True:
-                    await self.budget.wait_for_room(token, self.channel)
+                    await self._wait_for_room(token)
                     try:
                         chunk = await chunk_iter.__anext__()
                     except StopAsyncIteration:

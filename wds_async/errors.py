@@ -18,6 +18,7 @@ this tree at the boundary; nothing above the backends sees a foreign exception t
     │   └── SampleTooLarge                     a member or sample is larger than ``max_sample_bytes``
     ├── EmptyShards(WdsError, ValueError)      this process's shards held no sample at all (``empty_check``)
     ├── EngineError(WdsError, RuntimeError)    an unexpected exception inside the engine, chained as cause
+    ├── ServiceError(WdsError, ConnectionError)   the node service is absent, died, or broke the protocol
     └── DecodingError(WdsError, ValueError)    a field could not be decoded (cause chained; pickle not allowed)
 
 Context lives in attributes (``url``, ``offset``, ``member``), never appended to ``args``; ``str()``
@@ -40,6 +41,7 @@ __all__ = [
     "PipeError",
     "SampleError",
     "SampleTooLarge",
+    "ServiceError",
     "ShardFormatError",
     "TransientError",
     "TruncatedShard",
@@ -193,6 +195,12 @@ class EngineError(WdsError, RuntimeError):
     """An exception of no kind above escaped the engine: a bug, or an error raised by a user callback such
     as ``select_files`` or ``rename_files``. The original is chained as ``__cause__``; ``url`` names the
     shard being read when it is known."""
+
+
+class ServiceError(WdsError, ConnectionError):
+    """The node service (``wds-async serve``) could not be reached, stopped while serving, or sent what a
+    client cannot read. ``url`` is the service's socket path; the message says what to do (start or restart
+    the service, then resume from the last checkpoint)."""
 
 
 class DecodingError(WdsError, ValueError):

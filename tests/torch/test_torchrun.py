@@ -258,3 +258,52 @@ def test_preempted_job_resumes(data: dict[str, Any], tmp_path: Path, every: int,
         assert steps == list(range(saved + 1, 2 * steps_per_epoch(world) + 1)), f"rank {rank} resumed at {steps[:1]}"
         assert [line["epoch"] for line in resumed[rank]] == [
             (step - 1) // steps_per_epoch(world) for step in steps], f"rank {rank}: steps per epoch changed"
+
+
+def test_one_node_4_ranks_2_workers_through_the_node_service(data: dict[str, Any], tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same job with every rank's workers as clients of one ``wds-async serve`` (``WDS_ASYNC_SERVICE``): the
+    same equal shares, step for step, as without it."""
+    from wds_async.service import start_service
+
+    with start_service(str(tmp_path / "svc" / "node.sock")) as service:
+        monkeypatch.setenv("WDS_ASYNC_SERVICE", service.url)
+        with Launches() as job:
+            job.start(["--nproc-per-node", "4", "--master-port", str(free_port())],
+                      script_args(data, tmp_path, "logs", "--checkpoint-every", "10"), tmp_path / "torchrun.out")
+            assert job.wait() == [0], job.output()
+        status = service.status()
+    check_epochs(read_logs(tmp_path / "logs", 4), data, 4)
+    assert status["sessions"] == 0  # every client's session ended with its worker
+    assert status["sessions_served"] >= 4 * WORKERS  # every worker of every rank was a client
+
+
+def test_preempted_job_resumes_through_a_restarted_service(data: dict[str, Any], tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0 dies at step 23; the service is killed with it (SIGKILL) and a new one started on the same socket;
+    the relaunch resumes from the step-20 checkpoint with exactly the shares of an uninterrupted job."""
+    from wds_async.service import start_service
+
+    every, die_at, world = 5, 23, 2
+    saved = (die_at - 1) // every * every
+    sock = str(tmp_path / "svc" / "node.sock")
+    monkeypatch.setenv("WDS_ASYNC_SERVICE", "unix://" + sock)
+    with start_service(sock) as service:
+        with Launches() as job:
+            job.start(["--nproc-per-node", str(world), "--master-port", str(free_port())],
+                      script_args(data, tmp_path, "first", "--checkpoint-every", str(every), "--die-at-step",
+                                  str(die_at)), tmp_path / "first.out")
+            assert job.wait() != [0], job.output()
+        service.process.send_signal(signal.SIGKILL)
+        service.process.wait(30)
+    first = read_logs(tmp_path / "first", world)
+    with start_service(sock):
+        with Launches() as job:
+            job.start(["--nproc-per-node", str(world), "--master-port", str(free_port())],
+                      script_args(data, tmp_path, "resumed", "--checkpoint-every", str(every), "--resume"),
+                      tmp_path / "resumed.out")
+            assert job.wait() == [0], job.output()
+    resumed = read_logs(tmp_path / "resumed", world)
+    for epoch in (0, 1):
+        runs = [keys_of(first[r], epoch, upto=saved) + keys_of(resumed[r], epoch) for r in range(world)]
+        assert runs == expected_shares(data, epoch, world), f"epoch {epoch}"

@@ -1,0 +1,276 @@
+"""The client side of the node service: the same samples and callbacks as the in-process engine.
+
+:func:`service_samples` is what :func:`~wds_async.pipeline.stream_samples` is in-process: a generator of
+:class:`~wds_async.grouping.Sample` objects (``url``, ``offset``, ``end`` and ``item`` set as the engine
+sets them) that calls ``on_sample(sample)`` just before yielding one and ``on_item_done(id)`` once an item's
+samples were all yielded, so a dataset's planning and checkpoints do not change with the service. The work
+items are planned here, by the client, and sent in ``open`` frames (a lazy stream in chunks of
+``LAZY_CHUNK``); a batch's fields are copied out of the ring into ``bytes``, the ring space acknowledged,
+then its samples yielded. Errors the service hands back in band meet this process's ``handler``.
+
+Socket I/O is blocking, in the consumer's thread, with a stall guard: the service says ``alive`` every two
+seconds when it has nothing to send, so ``stall_timeout`` seconds of silence, or the socket closing, mean it
+is gone: :class:`~wds_async.errors.ServiceError` naming the socket, never a hang.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import socket
+import time
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Iterator
+from typing import Any
+
+from ..errors import ServiceError
+from ..grouping import Sample
+from ..stats import Stats
+from ..urls import redact_url, scheme_of
+from ..work import WorkItem
+from .protocol import VERSION, FrameDecoder, encode, error_from_json, item_to_json
+from .ring import RingReader
+
+__all__ = ["connect", "service_answers", "service_samples", "service_status"]
+
+#: Items per ``open`` frame for a list, and for a lazy (possibly endless) stream.
+LIST_CHUNK = 65536
+LAZY_CHUNK = 1024
+CONNECT_TIMEOUT = 10.0
+
+
+def _gone(path: str, why: str) -> ServiceError:
+    return ServiceError(f"the wds-async service at {path} stopped while serving ({why}); restart it "
+                        f"(`wds-async serve --socket {path}`) and resume from the last checkpoint "
+                        "(load_state_dict)", url=path)
+
+
+class Connection:
+    """One blocking connection to a service: frames out, frames (and passed descriptors) in."""
+
+    def __init__(self, path: str, stall_timeout: float = 30.0) -> None:
+        self.path = path
+        self.stall_timeout = stall_timeout
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(CONNECT_TIMEOUT)
+        try:
+            sock.connect(path)
+        except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
+            sock.close()
+            raise ServiceError(f"no wds-async service at {path}; start one with `wds-async serve --socket {path}`, "
+                               "or pass service='auto'", url=path) from None
+        except OSError as exc:
+            sock.close()
+            raise ServiceError(f"cannot reach the wds-async service at {path}: {exc}", url=path) from exc
+        sock.settimeout(stall_timeout)
+        self.sock = sock
+        self._decoder = FrameDecoder(f"the service at {path}")
+        self._frames: deque[dict[str, Any]] = deque()
+        self._fds: deque[int] = deque()
+
+    def send(self, message: dict[str, Any]) -> None:
+        try:
+            self.sock.sendall(encode(message))
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise _gone(self.path, type(exc).__name__) from None
+        except TimeoutError:
+            raise _gone(self.path, f"it took nothing for {self.stall_timeout:.0f} s") from None
+
+    def recv(self) -> tuple[dict[str, Any], list[int]]:
+        """The next frame and the descriptors passed with it."""
+        while not self._frames:
+            try:
+                data, fds, _flags, _addr = socket.recv_fds(self.sock, 1 << 18, 4)
+            except TimeoutError:
+                raise _gone(self.path, f"no word from it for {self.stall_timeout:.0f} s") from None
+            except ConnectionResetError:
+                raise _gone(self.path, "connection reset") from None
+            self._fds.extend(fds)
+            if not data:
+                raise _gone(self.path, "connection closed")
+            self._frames.extend(self._decoder.feed(data))
+        message = self._frames.popleft()
+        count = int(message.get("fds", 0))
+        if len(self._fds) < count:
+            raise ServiceError(f"the service at {self.path} announced {count} descriptors but passed "
+                               f"{len(self._fds)}", url=self.path)
+        return message, [self._fds.popleft() for _ in range(count)]
+
+    def close(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds.clear()
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def connect(path: str, stall_timeout: float = 30.0) -> Connection:
+    """A connection to the service at ``path`` (ServiceError naming it when none answers)."""
+    return Connection(path, stall_timeout)
+
+
+def service_answers(path: str) -> bool:
+    """True when a service answers a ``status`` request at ``path``."""
+    try:
+        service_status(path, timeout=5.0)
+        return True
+    except ServiceError:
+        return False
+
+
+def service_status(path: str, timeout: float = 10.0) -> dict[str, Any]:
+    """The service's ``status``: ``sessions`` (connected clients), ``clients`` (their pids), ``connections``
+    (the node limiter's total), ``in_flight`` and ``stats`` (service-wide counters)."""
+    conn = Connection(path, timeout)
+    try:
+        conn.send({"type": "status", "version": VERSION})
+        message, _ = conn.recv()
+        if message.get("type") != "status":
+            raise ServiceError(f"the service at {path} answered {message.get('type')!r} to a status request",
+                               url=path)
+        return message
+    finally:
+        conn.close()
+
+
+def _as_item(n: int, entry: Any) -> WorkItem:
+    if isinstance(entry, WorkItem):
+        return entry
+    url = entry["url"] if isinstance(entry, dict) else entry
+    return WorkItem(id=n, shard=n, url=str(url))
+
+
+def _absolute(item: WorkItem) -> WorkItem:
+    """A relative local path made absolute: the service's working directory is not this process's."""
+    url = item.url
+    if scheme_of(url) != "file" or url.startswith("file:") or os.path.isabs(url):
+        return item
+    return dataclasses.replace(item, url=os.path.abspath(url))
+
+
+def _chunks(items: Iterable[Any]) -> Iterator[list[WorkItem]]:
+    size = LIST_CHUNK if isinstance(items, list) else LAZY_CHUNK
+    numbered = itertools.starmap(_as_item, enumerate(items))
+    while chunk := list(itertools.islice(numbered, size)):
+        yield chunk
+
+
+def service_samples(
+    items: Iterable[Any],
+    *,
+    socket_path: str,
+    handler: Callable[[BaseException], bool],
+    stats: Stats | None = None,
+    settings: dict[str, Any] | None = None,
+    backend_options: dict[str, Any] | None = None,
+    cache: dict[str, Any] | None = None,
+    on_sample: Callable[[Any], None] | None = None,
+    on_item_done: Callable[[int], None] | None = None,
+    stall_timeout: float = 30.0,
+) -> Generator[Sample, None, None]:
+    """Samples of ``items`` (work items, URLs or ``{"url": ...}``) read by the service at ``socket_path``.
+
+    ``settings``: engine settings for these items (``max_sample_bytes``, ``deterministic``, ``processes``,
+    ``max_buffered_bytes``, ... see ``Service.session_config``); ``cache``: ``{"dir", "max_bytes",
+    "validate"}`` or None for the service's own. Callbacks as in :func:`~wds_async.pipeline.stream_samples`."""
+    stats = stats if stats is not None else Stats()
+    if isinstance(items, list):
+        stats.shards_total = len(items)
+    conn = Connection(socket_path, stall_timeout)
+    ring: RingReader | None = None
+    try:
+        conn.send({"type": "hello", "version": VERSION, "pid": os.getpid(), "socket": socket_path})
+        ready, fds = conn.recv()
+        if ready.get("type") == "error":
+            raise error_from_json(ready.get("error") or {})
+        if ready.get("type") != "ready" or len(fds) != 1:
+            raise ServiceError(f"the service at {socket_path} answered {ready.get('type')!r} to hello", url=socket_path)
+        ring = RingReader(fds[0], int(ready["ring_bytes"]))
+        for chunk in _chunks(items):
+            conn.send({"type": "open", "items": [item_to_json(_absolute(i)) for i in chunk],
+                       "settings": settings or {}, "backend_options": backend_options, "cache": cache})
+            shown = {item.id: redact_url(item.url) for item in chunk}  # as the engine names them in-process
+            stop = yield from _receive(conn, ring, handler, stats, on_sample, on_item_done, shown)
+            if stop:
+                return
+    finally:
+        try:
+            if ring is not None:
+                conn.sock.settimeout(1.0)
+                conn.send({"type": "close"})
+        except (ServiceError, OSError):
+            pass
+        conn.close()
+        if ring is not None:
+            ring.close()
+
+
+def _receive(conn: Connection, ring: RingReader, handler: Callable[[BaseException], bool], stats: Stats,
+             on_sample: Callable[[Any], None] | None,
+             on_item_done: Callable[[int], None] | None, shown: dict[int, str]) -> Generator[Sample, None, bool]:
+    """Deliver one ``open``'s batches until its ``end``; True when the handler asked to stop."""
+    while True:
+        started = time.perf_counter()
+        message, fds = conn.recv()
+        stats.wait_seconds += time.perf_counter() - started
+        kind = message["type"]
+        if kind == "end":
+            return False
+        if kind == "alive":
+            continue
+        if kind == "error":
+            raise error_from_json(message.get("error") or {})
+        if kind != "batch":
+            raise ServiceError(f"unexpected {kind!r} frame from the service at {conn.path}", url=conn.path)
+        entries = _copy_out(message["entries"], ring, fds, stats, shown)
+        if message.get("span"):
+            conn.send({"type": "ack", "bytes": message["span"]})
+        for entry in entries:
+            if type(entry) is Sample:
+                if on_sample is not None:
+                    on_sample(entry)
+                yield entry
+            elif isinstance(entry, int):
+                stats.shards_done += 1
+                if on_item_done is not None:
+                    on_item_done(entry)
+            else:
+                error, level = entry
+                if level == "fatal" or not handler(error):
+                    if level == "fatal":
+                        raise error
+                    return True
+                if level == "sample":
+                    stats.samples_skipped += 1
+                else:
+                    stats.shards_skipped += 1
+
+
+def _copy_out(entries: list[Any], ring: RingReader, fds: list[int], stats: Stats, shown: dict[int, str]) -> list[Any]:
+    """Samples (fields copied into ``bytes``), item ids done, and ``(error, level)`` pairs, in order."""
+    out: list[Any] = []
+    try:
+        for entry in entries:
+            tag = entry[0]
+            if tag == "s":
+                _, key, url, offset, end, item, fields = entry
+                url = shown.get(item, url)
+                sample = Sample(__key__=key, __url__=url)
+                sample.url, sample.offset, sample.end, sample.item = url, offset, end, item
+                for name, at, length in fields:
+                    sample[name] = os.pread(fds[0], length, at) if fds else ring.read(at, length)
+                    stats.bytes_read += length
+                stats.samples_read += 1
+                stats.samples_delivered += 1
+                out.append(sample)
+            elif tag == "d":
+                out.append(int(entry[1]))
+            else:
+                out.append((error_from_json(entry[1]), entry[2]))
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return out
