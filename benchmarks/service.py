@@ -13,7 +13,9 @@ While a job runs, a sampler thread reads every 0.1 s the TCP connections open to
 ESTABLISHED) and the memory of the job's processes (torchrun, ranks, workers, and the service): anonymous
 resident memory summed, plus shared memory counted once (the service maps every client's ring); the peaks are
 reported. Throughput is the bytes of sample fields delivered
-to the ranks over the job's span (first rank start to last rank end). ``--delay`` makes each rank's consumer
+to the ranks over the last of ``--epochs`` epochs (persistent workers: start-up and warm-up are behind it), first
+rank start to last rank end; CPU seconds over that epoch: the ranks and their workers (as each rank reads them),
+the service, the store. ``--delay`` makes each rank's consumer
 slower than the network (seconds per sample), for the memory bound.
 """
 
@@ -28,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +61,10 @@ def _rss(pid: int) -> tuple[int, int]:
 class Sampler:
     """Peak connections to ``port`` and peak summed anonymous memory of ``roots`` and their descendants."""
 
-    def __init__(self, port: int, roots: list[psutil.Process]) -> None:
+    def __init__(self, port: int, roots: list[psutil.Process], timelines: list[int]) -> None:
         self.port, self.roots = port, roots
+        #: pid -> [(wall time, CPU seconds)] for the processes whose CPU is split by time (service, store)
+        self.timeline: dict[int, list[tuple[float, float]]] = {pid: [] for pid in timelines}
         self.peak_connections = self.peak_memory = 0
         self.cpu: dict[int, float] = {}  # pid -> the latest user + system seconds seen
         self._stop = threading.Event()
@@ -79,6 +84,12 @@ class Sampler:
     def _run(self) -> None:
         while not self._stop.is_set():
             procs = self._processes()
+            now = time.time()
+            for pid, points in self.timeline.items():
+                try:
+                    points.append((now, _cpu(psutil.Process(pid))))
+                except psutil.NoSuchProcess:
+                    pass
             memory = shmem = 0
             for proc in procs:
                 try:
@@ -96,6 +107,15 @@ class Sampler:
             self.peak_connections = max(self.peak_connections, connections)
             self._stop.wait(0.1)
 
+    def cpu_between(self, pid: int, start: float, end: float) -> float:
+        """CPU seconds ``pid`` used between two wall times (from the nearest samples)."""
+        points = self.timeline.get(pid, [])
+        if not points:
+            return 0.0
+        before = min(points, key=lambda p: abs(p[0] - start))[1]
+        after = min(points, key=lambda p: abs(p[0] - end))[1]
+        return after - before
+
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
@@ -111,12 +131,10 @@ def _job(pattern: str, port: int, args: argparse.Namespace, service: str | None,
     out = Path(tempfile.mkdtemp(prefix="wds-service-bench-"))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.ranks}",
            str(ROOT / "benchmarks" / "service_rank.py"), pattern, "--out", str(out), "--workers", str(args.workers),
-           "--delay", str(args.delay)] + (["--service", service] if service else [])
+           "--delay", str(args.delay), "--epochs", str(args.epochs)] + (["--service", service] if service else [])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    cpu0 = {p.pid: _cpu(p) for p in extra}
-    store0 = _cpu(store_proc)
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    sampler = Sampler(port, [psutil.Process(proc.pid), *extra])
+    sampler = Sampler(port, [psutil.Process(proc.pid), *extra], timelines=[p.pid for p in (*extra, store_proc)])
     _, err = proc.communicate(timeout=900)
     sampler.stop()
     if proc.returncode != 0:
@@ -125,11 +143,12 @@ def _job(pattern: str, port: int, args: argparse.Namespace, service: str | None,
     shutil.rmtree(out, ignore_errors=True)
     span = max(r["end"] for r in ranks) - min(r["start"] for r in ranks)
     total = sum(r["bytes"] for r in ranks)
-    service_cpu = sum(sampler.cpu.get(p.pid, 0.0) - cpu0.get(p.pid, 0.0) for p in extra)
-    job_cpu = sum(sampler.cpu.values()) - service_cpu - sum(cpu0.get(p.pid, 0.0) for p in extra)
+    first, last = min(r["start"] for r in ranks), max(r["end"] for r in ranks)
+    service_cpu = sum(sampler.cpu_between(p.pid, first, last) for p in extra)
     return {"seconds": span, "bytes": total, "samples": sum(r["samples"] for r in ranks), "mb_per_s": total / span / 1e6,
             "peak_connections": sampler.peak_connections, "peak_memory_mb": sampler.peak_memory / 1e6,
-            "job_cpu_s": job_cpu, "service_cpu_s": service_cpu, "store_cpu_s": _cpu(store_proc) - store0}
+            "job_cpu_s": sum(r["cpu_s"] for r in ranks), "service_cpu_s": service_cpu,
+            "store_cpu_s": sampler.cpu_between(store_proc.pid, first, last)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--delay", type=float, default=0.0)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--ring-bytes", default=None, help="the service's ring per client (default: its own)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     paths = make_shards(args.dir, n_shards=args.shards, shard_bytes=parse_size(args.shard_size),
@@ -161,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
 
         for _ in range(args.rounds):
             runs["per process"].append(_job(pattern, store.port, args, None, [], store_proc))
-            with start_service(str(socket_path)) as handle:
+            with start_service(str(socket_path), ring_bytes=args.ring_bytes) as handle:
                 service_proc = psutil.Process(handle.pid)
                 runs["service"].append(_job(pattern, store.port, args, f"unix://{socket_path}", [service_proc],
                                             store_proc))

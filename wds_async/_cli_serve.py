@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-buffered-bytes", default=None, type=_size,
                         help="bytes buffered for all clients together, shared out per loader process "
                              "(default $WDS_ASYNC_NODE_BUFFERED_BYTES, else 2GiB)")
-    parser.add_argument("--ring-bytes", default=64 << 20, type=_size, help="each client's shared-memory ring (default 64MiB)")
+    parser.add_argument("--ring-bytes", default=16 << 20, type=_size, help="each client's shared-memory ring (default 16MiB)")
     parser.add_argument("--cache-dir", default=None, help="keep a copy of every remote shard here (shard cache)")
     parser.add_argument("--cache-size", default=None, help="the most bytes the cache takes (e.g. 200GB)")
 
