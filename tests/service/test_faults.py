@@ -89,3 +89,37 @@ def test_a_client_that_stops_reading_stalls_only_itself(sock_dir: str, pattern: 
         assert results[0][0] == manifest["expected_samples"]
         assert svc.status()["sessions"] == 1  # the stalled one is still there, still not done
         stalled.close()  # type: ignore[attr-defined]
+
+
+_OTHER_USER = r"""
+import os, socket, sys
+os.setgid(65534); os.setuid(65534)          # nobody
+path = sys.argv[1]
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(10)
+try:
+    s.connect(path)
+except PermissionError:
+    print("refused: permission"); sys.exit(0)
+try:
+    s.sendall(b"\x00\x00\x00\x10" + b'{"type":"hello"}')
+    data = s.recv(100)
+except (BrokenPipeError, ConnectionResetError):
+    data = b""
+print("refused: closed" if not data else "answered")
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0, reason="needs root to act as another user")
+def test_another_user_cannot_connect(sock_dir: str) -> None:
+    """The socket's modes stop another user; with them opened up, the service's SO_PEERCRED check still does."""
+    os.chmod(sock_dir, 0o755)  # the test's own temporary parent: let "nobody" reach the service's directory
+    with start_service(os.path.join(sock_dir, "run", "svc.sock")) as handle:
+        run = [sys.executable, "-c", _OTHER_USER, handle.socket]
+        first = subprocess.run(run, capture_output=True, text=True, timeout=60, check=False)
+        assert first.stdout.strip() == "refused: permission", first.stderr
+        os.chmod(os.path.dirname(handle.socket), 0o755)
+        os.chmod(handle.socket, 0o666)
+        second = subprocess.run(run, capture_output=True, text=True, timeout=60, check=False)
+        assert second.stdout.strip() == "refused: closed", second.stderr
+        assert handle.status()["sessions"] == 0  # and it still serves its own user
