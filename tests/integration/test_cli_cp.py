@@ -86,10 +86,16 @@ def test_dropped_connections_resume_and_the_copy_is_whole(store: StoreProcess, s
     """Bodies cut short at random: the reader resumes at the byte reached; the copy is still exact."""
     urls = [store.url(name, drop_rate=0.3) for name in SHARDS[:3]]
     dropped = store.stats()["dropped"]
-    assert main(["cp", "-q", *urls, f"{tmp_path}/"]) == 0
+    # The store's fault dice are server-wide: a copy of 3 shards sees no cut at all about 1 time in 3, so copy
+    # again (checking every copy) until one did (P(none in 12) < 2e-6).
+    for attempt in range(12):
+        out = tmp_path / str(attempt)
+        assert main(["cp", "-q", *urls, f"{out}/"]) == 0
+        for name in SHARDS[:3]:  # named after the path: the query is not part of the name
+            assert (out / name).read_bytes() == (shard_dir / name).read_bytes()
+        if store.stats()["dropped"] > dropped:
+            break
     assert store.stats()["dropped"] > dropped
-    for name in SHARDS[:3]:  # named after the path: the query is not part of the name
-        assert (tmp_path / name).read_bytes() == (shard_dir / name).read_bytes()
 
 
 def test_a_truncated_source_fails_alone(shard_dir: Path, tmp_path: Path,
