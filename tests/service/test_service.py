@@ -149,3 +149,18 @@ def test_sessions_end_with_their_clients(service: ServiceHandle, pattern: str) -
     assert wait_until(lambda: service.status()["sessions"] == 1, 10)
     samples.close()  # type: ignore[attr-defined]
     assert wait_until(lambda: service.status()["sessions"] == 0, 10)
+
+
+def test_the_service_fills_and_reads_the_clients_cache(service: ServiceHandle, pattern: str, tmp_path: Path) -> None:
+    from wds_async.cache import ShardCache
+
+    cache = tmp_path / "cache"
+    expected = sample_digest(wds.WebDataset(pattern, deterministic=True))
+    first = wds.WebDataset(pattern, deterministic=True, service=service.url, cache_dir=cache)
+    assert sample_digest(first) == expected
+    copies = ShardCache(cache).entries()
+    assert len(copies) == len(wds.WebDataset(pattern).urls)  # the service wrote every shard while serving it
+    stamps = {c.name: c.last_used for c in copies}
+    again = wds.WebDataset(pattern, deterministic=True, service=service.url, cache_dir=cache)
+    assert sample_digest(again) == expected
+    assert all(c.last_used > stamps[c.name] for c in ShardCache(cache).entries())  # every copy was read (a hit)
