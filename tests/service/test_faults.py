@@ -72,12 +72,15 @@ def test_a_killed_service_raises_and_a_restart_resumes(sock_dir: str, pattern: s
     assert Counter(seen) + Counter(rest) == expected
 
 
-def test_a_client_that_stops_reading_stalls_only_itself(sock_dir: str, pattern: str, manifest: dict) -> None:  # type: ignore[type-arg]
-    """One node connection and a client that never reads again: its readers wait for room in its own
-    budget without holding the connection, so the other client still gets every sample."""
+@pytest.mark.parametrize("connections,part_bytes", [(1, None), (3, 32 << 10)], ids=["one-connection", "ranged-parts"])
+def test_a_client_that_stops_reading_stalls_only_itself(sock_dir: str, pattern: str, manifest: dict,  # type: ignore[type-arg]
+                                                        connections: int, part_bytes: int | None) -> None:
+    """Few node connections and a client that never reads again: its readers, and the helpers fetching
+    ranged parts ahead of them, wait for room in its own budget without holding a connection, so the other
+    client still gets every sample."""
     path = os.path.join(sock_dir, "svc.sock")
-    with start_service(path, max_connections=1, ring_bytes=64 << 10) as svc:
-        stalled = iter(wds.WebDataset(pattern, max_buffered_bytes=64 << 10, service=svc.url))
+    with start_service(path, max_connections=connections, ring_bytes=64 << 10) as svc:
+        stalled = iter(wds.WebDataset(pattern, max_buffered_bytes=64 << 10, service=svc.url, part_bytes=part_bytes))
         next(stalled)
         results: list[Any] = []
         reader = threading.Thread(target=lambda: results.append(sample_digest(
