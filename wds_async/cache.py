@@ -33,6 +33,9 @@ commit, under ``DIR/.evict.lock``, the oldest complete copies are removed until 
 files on disk plus the incoming shard fit in ``max_bytes`` (None: no limit, as webdataset's default). An
 evicted copy that a reader has open stays readable (POSIX unlink); it is gone for the next lookup.
 
+Here: the directory's layout, lookups, locks, eviction and inspection (:class:`ShardCache`). The objects the
+engine reads through are in :mod:`wds_async._cache_items`, the file-level helpers in :mod:`wds_async._cache_files`.
+
 Names are ``<16 hex of sha256(url)>.<basename>``: the URL with its secrets removed (a presigned URL's
 signature changes, its object does not), hashed so that any URL is a safe, distinct file name.
 """
@@ -40,40 +43,39 @@ signature changes, its object does not), hashed so that any URL is a safe, disti
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import errno
 import fcntl
 import hashlib
 import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import aiofiles
-import aiofiles.os
-
-from .backends import ByteStream, ObjectIdentity
-from .backends.file import FileBackend
+from ._cache_files import (
+    IDENTITY_FIELDS,
+    META_VERSION,
+    size_or_minus_one,
+    size_or_zero,
+    touch,
+    try_lock,
+    unlink,
+    unlock,
+)
+from ._cache_items import FILL_WRITE_BYTES, CacheFill, CacheHit, Prechecks, store_identity
+from .backends import ObjectIdentity
 from .config import RetryPolicy
 from .node import parse_bytes
-from .reader import RangeReader
 from .stats import Stats
 from .urls import redact_url, scheme_of
 
-__all__ = ["CacheEntry", "CacheFill", "CacheHit", "Prechecks", "ShardCache", "make_cache"]
+__all__ = ["FILL_WRITE_BYTES", "CacheEntry", "CacheFill", "CacheHit", "Prechecks", "ShardCache", "make_cache"]
 
 log = logging.getLogger("wds_async")
 
 #: Schemes whose objects are cached: those read over the network. Local files are already on disk, and a
 #: ``pipe:`` command has no identity to check a copy against.
 CACHED_SCHEMES = frozenset({"http", "https", "s3", "gs", "az", "azure"})
-_META_VERSION = 1
-#: The most bytes a fill gathers before writing them to its ``.part`` file.
-FILL_WRITE_BYTES = 1 << 20
-_IDENTITY_FIELDS = ("size", "etag", "generation", "last_modified")
 
 
 @dataclass(frozen=True)
@@ -93,31 +95,6 @@ def _name_for(url: str) -> str:
     base = shown.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
     base = "".join(c if c.isalnum() or c in "._-" else "_" for c in base)[-80:] or "object"
     return f"{digest}.{base}"
-
-
-def _try_lock(path: str) -> int | None:
-    """An fd holding an exclusive ``flock`` on ``path`` (created if missing), or None when another open
-    file description holds it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _unlock(fd: int | None) -> None:
-    if fd is not None:
-        os.close(fd)  # closing the description releases the flock
-
-
-def _unlink(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
 
 
 def make_cache(cache_dir: str | os.PathLike[str] | None, cache_size: int | str | None, *,
@@ -200,7 +177,7 @@ class ShardCache:
             if fill is not None:
                 return fill
             # Another process fills this shard: wait while its partial file grows, then look again.
-            size = await asyncio.to_thread(_size_or_minus_one, self.path(url, ".part"))
+            size = await asyncio.to_thread(size_or_minus_one, self.path(url, ".part"))
             now = time.monotonic()
             if size != seen or stalled_since is None:
                 seen, stalled_since = size, now
@@ -219,7 +196,7 @@ class ShardCache:
         try:
             if self.validate:
                 current = await (prechecks.identity(url, backend) if prechecks is not None else
-                                 _store_identity(backend, url, policy, stats))
+                                 store_identity(backend, url, policy, stats))
                 conflict = identity.conflicts_with(current)
                 if conflict:
                     log.info("cache: %s changed in the store (%s); refetching it", redact_url(url), conflict)
@@ -239,36 +216,36 @@ class ShardCache:
         try:
             with open(meta_path, "rb") as fh:
                 meta = json.loads(fh.read())
-            identity = ObjectIdentity(**{k: meta.get(k) for k in _IDENTITY_FIELDS})
+            identity = ObjectIdentity(**{k: meta.get(k) for k in IDENTITY_FIELDS})
             fd = os.open(self.path(url), os.O_RDONLY | os.O_CLOEXEC)
         except (OSError, ValueError, TypeError):
             return None
-        if meta.get("version") != _META_VERSION or os.fstat(fd).st_size != identity.size:
+        if meta.get("version") != META_VERSION or os.fstat(fd).st_size != identity.size:
             os.close(fd)  # not what was committed (a truncated copy, another format): never trusted
             return None
-        _touch(meta_path)
+        touch(meta_path)
         return fd, identity
 
     def _take_lock(self, url: str) -> CacheFill | None:
-        fd = _try_lock(self.path(url, ".lock"))
+        fd = try_lock(self.path(url, ".lock"))
         if fd is None:
             return None
         try:
             found = self._open_copy(url)
             if found is not None:  # committed while we waited: read it instead
                 os.close(found[0])
-                _unlock(fd)
+                unlock(fd)
                 return _RETRY
             self._drop(url)  # whatever is there is not a complete copy (cut short, metadata lost): replaced
             return CacheFill(self, url, fd)
         except BaseException:
-            _unlock(fd)
+            unlock(fd)
             raise
 
     def _drop(self, url: str) -> None:
         """Forget the copy of ``url``: metadata first, so the data is untrusted before it goes."""
-        _unlink(self.path(url, ".json"))
-        _unlink(self.path(url))
+        unlink(self.path(url, ".json"))
+        unlink(self.path(url))
 
     # -- eviction and inspection ----------------------------------------------------------------------
     def _scan(self) -> tuple[list[tuple[float, str, int]], int]:
@@ -306,8 +283,8 @@ class ShardCache:
                     break
                 if name == keep:
                     continue
-                _unlink(os.path.join(self.directory, name + ".json"))
-                _unlink(os.path.join(self.directory, name))
+                unlink(os.path.join(self.directory, name + ".json"))
+                unlink(os.path.join(self.directory, name))
                 total -= size
                 log.debug("cache: evicted %s (%d bytes)", name, size)
             return total <= self.max_bytes
@@ -323,7 +300,7 @@ class ShardCache:
                     meta = json.loads(fh.read())
             except (OSError, ValueError):
                 continue
-            identity = ObjectIdentity(**{k: meta.get(k) for k in _IDENTITY_FIELDS})
+            identity = ObjectIdentity(**{k: meta.get(k) for k in IDENTITY_FIELDS})
             out.append(CacheEntry(name, str(meta.get("url", "?")), size, last_used, identity))
         return out
 
@@ -353,212 +330,28 @@ class ShardCache:
             if name.startswith(".") or name.endswith(".lock"):
                 continue
             if name.endswith(".part"):
-                fd = _try_lock(os.path.join(self.directory, name[:-5] + ".lock"))
+                fd = try_lock(os.path.join(self.directory, name[:-5] + ".lock"))
                 if fd is None:
                     continue  # a fill in progress
                 try:
-                    size = _size_or_zero(path)
-                    _unlink(path)
+                    size = size_or_zero(path)
+                    unlink(path)
                 finally:
-                    _unlock(fd)
+                    unlock(fd)
             elif name.endswith(".json") and name[:-5] in present:
                 continue  # removed with its data file
             else:
-                size = _size_or_zero(path)
+                size = size_or_zero(path)
                 if name.endswith(".json") or name.endswith(".json.tmp") or name + ".json" not in present:
-                    _unlink(path)  # leftovers: metadata without data, or data never committed
+                    unlink(path)  # leftovers: metadata without data, or data never committed
                 else:
                     self._drop_name(name)
             files, freed = files + 1, freed + size
         return files, freed
 
     def _drop_name(self, name: str) -> None:
-        _unlink(os.path.join(self.directory, name + ".json"))
-        _unlink(os.path.join(self.directory, name))
-
-
-def _touch(path: str) -> None:
-    """Mark a copy as used now, with the clock's nanoseconds: the kernel stamps files from a coarse clock
-    (a few ms), too coarse to order uses that close together."""
-    now = time.time_ns()
-    with contextlib.suppress(OSError):
-        os.utime(path, ns=(now, now))
-
-
-def _size_or_minus_one(path: str) -> int:
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return -1
-
-
-def _size_or_zero(path: str) -> int:
-    return max(0, _size_or_minus_one(path))
-
-
-async def _store_identity(backend: Any, url: str, policy: RetryPolicy, stats: Stats | None) -> ObjectIdentity:
-    """The object's identity now, from a 1-byte ranged read (what every backend can do, retried as usual)."""
-    reader = RangeReader(backend, url, start=0, end=1, policy=policy)
-    async with contextlib.aclosing(reader.chunks()) as chunks:
-        async for _ in chunks:
-            pass
-    if stats is not None:
-        stats.requests += 1
-    return reader.identity or ObjectIdentity()
-
-
-class Prechecks:
-    """Identity checks started ahead of the items that need them, so a copy's validation costs no round trip
-    on the item's path: the engine calls :meth:`ahead` for the items it will hand out next (those with a copy
-    on disk get a check task in the engine's TaskGroup), and :meth:`identity` when an item reaches its copy.
-    A check whose item never comes is cancelled by :meth:`close`."""
-
-    def __init__(self, cache: ShardCache, policy: RetryPolicy, stats: Stats | None, group: Any) -> None:
-        self.cache, self.policy, self.stats, self.group = cache, policy, stats, group
-        self.tasks: dict[str, asyncio.Task[ObjectIdentity]] = {}
-
-    def ahead(self, url: str, backend: Any) -> None:
-        if (not self.cache.validate or url in self.tasks or not self.cache.cacheable(url)
-                or not os.path.exists(self.cache.path(url, ".json"))):
-            return
-        task = self.group.create_task(_store_identity(backend, url, self.policy, self.stats))
-        task.add_done_callback(_retrieve)  # an error is raised where the item awaits it, or dropped unneeded
-        self.tasks[url] = task
-
-    async def identity(self, url: str, backend: Any) -> ObjectIdentity:
-        task = self.tasks.pop(url, None)
-        if task is None:
-            return await _store_identity(backend, url, self.policy, self.stats)
-        return await task
-
-    def close(self) -> None:
-        for task in self.tasks.values():
-            task.cancel()
-        self.tasks.clear()
-
-
-def _retrieve(task: asyncio.Task[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
-
-
-class CacheHit:
-    """A complete copy, open: :attr:`backend` reads it in place of the store."""
-
-    def __init__(self, cache: ShardCache, fd: int, identity: ObjectIdentity, path: str) -> None:
-        self.cache, self.fd, self.identity, self.path = cache, fd, identity, path
-        self.backend = _CopyReader(self)
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
-class _CopyReader:
-    """Reads the open copy through the file backend, answering with the store's identity.
-
-    The copy is opened by its descriptor's ``/proc/self/fd`` (``/dev/fd``) name where the system has one, so a
-    copy that another process evicts after the lookup stays readable; elsewhere by its path."""
-
-    def __init__(self, hit: CacheHit) -> None:
-        self.hit = hit
-        self.files = FileBackend()
-        self.buffer_allowance = self.files.buffer_allowance
-        by_fd = next((d for d in ("/proc/self/fd", "/dev/fd") if os.path.isdir(d)), None)
-        self.path = f"{by_fd}/{hit.fd}" if by_fd else hit.path
-
-    @contextlib.asynccontextmanager
-    async def open(self, url: str, *, start: int = 0, end: int | None = None) -> AsyncIterator[ByteStream]:
-        async with self.files.open(self.path, start=start, end=end) as stream:
-            stream.identity = self.hit.identity
-            yield stream
-
-    async def size(self, url: str) -> int | None:
-        return self.hit.identity.size
-
-
-class CacheFill:
-    """The lock on one shard and its ``.part`` file, written as the engine reads (see the module docstring).
-
-    Chunks are gathered into writes of :data:`FILL_WRITE_BYTES`: one aiofiles call (a thread hop) per network
-    chunk cost as much CPU as the download itself. The engine counts that buffer in its byte budget while
-    the fill is open (``reserve``), so memory stays bounded."""
-
-    def __init__(self, cache: ShardCache, url: str, lock_fd: int) -> None:
-        self.cache, self.url, self.lock_fd = cache, url, lock_fd
-        self.part = cache.path(url, ".part")
-        self.written = 0
-        self.failed = False  # abandoned (disk full, too large): the shard goes on from the store
-        self._file: Any = None
-        self._pending = bytearray()
-
-    async def write(self, chunk: bytes, size: int | None) -> None:
-        """Append ``chunk``; ``size`` is the object's announced size (room is made for it first)."""
-        if self.failed:
-            return
-        try:
-            if self._file is None:
-                if size is None or not await asyncio.to_thread(self.cache.make_room, size, None):
-                    self._abandon("its size is unknown" if size is None else
-                                  f"it is larger than the room cache_size={self.cache.max_bytes} leaves")
-                    return
-                self._file = await aiofiles.open(self.part, "wb", buffering=0)
-            self._pending += chunk
-            self.written += len(chunk)
-            if len(self._pending) >= FILL_WRITE_BYTES:
-                await self._flush()
-        except OSError as exc:
-            self._abandon(f"writing failed: {exc.strerror or exc}" if exc.errno != errno.ENOSPC else "the disk is full")
-
-    async def _flush(self) -> None:
-        data, self._pending = self._pending, bytearray()
-        view = memoryview(data)
-        while view:  # an unbuffered write may take part of the data
-            view = view[await self._file.write(view):]
-
-    def _abandon(self, why: str) -> None:
-        self.failed = True
-        log.warning("cache: not caching %s: %s; it is read from the store", redact_url(self.url), why)
-
-    async def commit(self, identity: ObjectIdentity | None, stats: Stats | None = None) -> bool:
-        """Make the copy trusted if it is the whole object; True when it was."""
-        if self.failed or self._file is None or identity is None or identity.size != self.written:
-            return False
-        try:
-            await self._flush()
-            await self._file.close()
-            self._file = None
-            data = self.cache.path(self.url)
-            await aiofiles.os.replace(self.part, data)
-            meta = {"version": _META_VERSION, "url": redact_url(self.url), "committed": time.time(),
-                    **{k: getattr(identity, k) for k in _IDENTITY_FIELDS}}
-            tmp = data + ".json.tmp"
-            async with aiofiles.open(tmp, "w") as fh:
-                await fh.write(json.dumps(meta))
-            await aiofiles.os.replace(tmp, data + ".json")
-            _touch(data + ".json")
-        except OSError as exc:
-            self._abandon(f"committing failed: {exc.strerror or exc}")
-            return False
-        if stats is not None:
-            stats.cache_fills += 1
-        await asyncio.to_thread(self.cache.make_room, 0, os.path.basename(data))
-        return True
-
-    async def close(self) -> None:
-        """Release the lock; a file not committed is removed."""
-        try:
-            if self._file is not None:
-                with contextlib.suppress(OSError):
-                    await self._file.close()
-                self._file = None
-                await asyncio.to_thread(_unlink, self.part)
-            elif self.failed:
-                await asyncio.to_thread(_unlink, self.part)
-        finally:
-            _unlock(self.lock_fd)
-            self.lock_fd = -1
+        unlink(os.path.join(self.directory, name + ".json"))
+        unlink(os.path.join(self.directory, name))
 
 
 #: ``_take_lock``'s answer when the copy was committed while it waited: look it up again.
