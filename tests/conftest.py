@@ -9,7 +9,8 @@ import os
 import tarfile
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ import pytest
 from benchmarks.make_shards import make_shards
 from benchmarks.store import Knobs
 from benchmarks.store_process import StoreProcess
+from tests.emulators import azurite, gcs_emulator, moto_server, unavailable
 
 N_SHARDS = 8
 
@@ -27,6 +29,35 @@ def _scrub_cloud_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith(("AWS_", "GOOGLE_", "AZURE_", "STORAGE_EMULATOR", "WDS_ASYNC_")):
             monkeypatch.delenv(name, raising=False)
+
+
+def _emulator(start: Callable[[], AbstractContextManager[str]], what: str) -> Iterator[str]:
+    """The endpoint of an emulator started for one test module; its failure to start skips the module's tests
+    (fails them under CI=true, see :func:`tests.emulators.unavailable`)."""
+    with ExitStack() as stack:
+        try:
+            endpoint = stack.enter_context(start())
+        except RuntimeError as exc:
+            unavailable(f"{what}: {exc}")
+        yield endpoint
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint() -> Iterator[str]:
+    """moto in server mode (S3) on 127.0.0.1."""
+    yield from _emulator(moto_server, "moto server")
+
+
+@pytest.fixture(scope="module")
+def gcs_endpoint() -> Iterator[str]:
+    """gcp-storage-emulator on 127.0.0.1, as ``http://HOST:PORT``."""
+    yield from _emulator(gcs_emulator, "gcp-storage-emulator")
+
+
+@pytest.fixture(scope="module")
+def azurite_endpoint() -> Iterator[str]:
+    """Azurite's blob endpoint on 127.0.0.1."""
+    yield from _emulator(azurite, "Azurite")
 
 
 @pytest.fixture(scope="session")

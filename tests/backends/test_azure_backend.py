@@ -14,7 +14,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import ExitStack
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -27,20 +26,10 @@ from wds_async.backends.azure import AzureBackend, parse_url
 
 import wds_async as wds
 from tests.backends.contract import BackendContract, ContractEnv
-from tests.emulators import AZURITE_ACCOUNT, AZURITE_KEY, azurite, azurite_connection_string, unavailable
+from tests.emulators import AZURITE_ACCOUNT, AZURITE_KEY, azurite_connection_string
 
 WRONG_KEY = base64.b64encode(b"not the azurite key, but valid base64 of 64 bytes............").decode()
 SIG_VALUE = re.compile(r"sig=(?!\*\*\*)", re.IGNORECASE)
-
-
-@pytest.fixture(scope="module")
-def azurite_endpoint() -> Iterator[str]:
-    with ExitStack() as stack:
-        try:
-            endpoint = stack.enter_context(azurite())
-        except RuntimeError as exc:
-            unavailable(str(exc))
-        yield endpoint
 
 
 @pytest.fixture()

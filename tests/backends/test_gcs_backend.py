@@ -7,7 +7,7 @@ import asyncio
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -21,27 +21,17 @@ from wds_async.backends.gcs import READ_ONLY_SCOPE, GcsBackend, parse_gs_url
 
 import wds_async as wds
 from tests.backends.contract import BackendContract, ContractEnv
-from tests.emulators import gcs_emulator, unavailable
 
 SECRET = "SECRET-TOKEN"
 
 
 @pytest.fixture(scope="module")
-def emulator() -> Iterator[str]:
-    try:
-        with gcs_emulator() as base:
-            yield base
-    except RuntimeError as exc:
-        unavailable(str(exc))
-
-
-@pytest.fixture(scope="module")
-def client(emulator: str) -> Any:
+def client(gcs_endpoint: str) -> Any:
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage
 
     # An explicit endpoint: the per-test env scrub would hide STORAGE_EMULATOR_HOST from a module fixture.
-    return storage.Client(project="test", credentials=AnonymousCredentials(), client_options={"api_endpoint": emulator})
+    return storage.Client(project="test", credentials=AnonymousCredentials(), client_options={"api_endpoint": gcs_endpoint})
 
 
 @pytest.fixture()
@@ -51,10 +41,10 @@ def bucket(client: Any) -> Any:
 
 
 @pytest.fixture()
-def emulated(emulator: str, monkeypatch: pytest.MonkeyPatch) -> str:
+def emulated(gcs_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
     # Set after conftest's autouse scrub; DataLoader workers forked in the test inherit it.
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", emulator)
-    return emulator
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_endpoint)
+    return gcs_endpoint
 
 
 class TestGcsBackend(BackendContract):
@@ -100,13 +90,13 @@ async def test_keys_are_percent_encoded(emulated: str, bucket: Any) -> None:
 
 
 @pytest.mark.asyncio
-async def test_emulator_host_without_scheme(emulator: str, bucket: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", emulator.removeprefix("http://"))
+async def test_emulator_host_without_scheme(gcs_endpoint: str, bucket: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_endpoint.removeprefix("http://"))
     monkeypatch.setattr(google.auth, "default", _must_not_be_called)
     bucket.blob("x.bin").upload_from_string(b"abc")
     backend = GcsBackend()
     try:
-        assert backend.endpoint == emulator
+        assert backend.endpoint == gcs_endpoint
         async with backend.open(f"gs://{bucket.name}/x.bin") as stream:
             assert b"".join([c async for c in stream]) == b"abc"
     finally:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterator
 
 import boto3
 import pytest
@@ -12,16 +11,7 @@ from wds_async.backends.s3 import S3Backend
 
 import wds_async as wds
 from tests.backends.contract import BackendContract, ContractEnv, make_shard
-from tests.emulators import MOTO_ENV, moto_server, unavailable
-
-
-@pytest.fixture(scope="module")
-def moto_endpoint() -> Iterator[str]:
-    try:
-        with moto_server() as endpoint:
-            yield endpoint
-    except RuntimeError as exc:
-        unavailable(f"moto server: {exc}")
+from tests.emulators import MOTO_ENV
 
 
 @pytest.fixture()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from contextlib import ExitStack
 from typing import Any
 
 import pytest
@@ -14,7 +13,7 @@ from azure.storage.blob import BlobServiceClient
 import wds_async as wds
 from tests.backends.upload_contract import UploadContract, UploadEnv
 from tests.backends.upload_faults import FaultProxy, query
-from tests.emulators import AZURITE_ACCOUNT, AZURITE_KEY, azurite, azurite_connection_string, unavailable
+from tests.emulators import AZURITE_ACCOUNT, AZURITE_KEY, azurite_connection_string
 from wds_async.sinks import open_sink
 
 _XML = {"Content-Type": "application/xml"}
@@ -24,16 +23,6 @@ BLOCK = 256 << 10  # small blocks: Azure has no lower bound
 
 def is_block(method: str, path: str) -> bool:
     return method == "PUT" and query(path).get("comp") == ["block"]
-
-
-@pytest.fixture(scope="module")
-def azurite_endpoint() -> Iterator[str]:
-    with ExitStack() as stack:
-        try:
-            endpoint = stack.enter_context(azurite())
-        except RuntimeError as exc:
-            unavailable(str(exc))
-        yield endpoint
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ import pytest
 import wds_async as wds
 from tests.backends.upload_contract import FAST, UploadContract, UploadEnv, make_samples, read_back
 from tests.backends.upload_faults import Fault, FaultProxy, faults, query
-from tests.emulators import gcs_emulator, unavailable
 from wds_async.sinks import open_sink
 from wds_async.sinks.gcs import CHUNK_UNIT
 
@@ -30,27 +29,18 @@ def is_chunk(method: str, path: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def emulator() -> Iterator[str]:
-    try:
-        with gcs_emulator() as base:
-            yield base
-    except RuntimeError as exc:
-        unavailable(str(exc))
-
-
-@pytest.fixture(scope="module")
-def proxy(emulator: str) -> Iterator[FaultProxy]:
-    with FaultProxy(emulator) as server:
+def proxy(gcs_endpoint: str) -> Iterator[FaultProxy]:
+    with FaultProxy(gcs_endpoint) as server:
         yield server
 
 
 @pytest.fixture()
-def bucket(emulator: str, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch) -> Any:
+def bucket(gcs_endpoint: str, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch) -> Any:
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage
 
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)  # what the sinks and readers use
-    client = storage.Client(project="test", credentials=AnonymousCredentials(), client_options={"api_endpoint": emulator})
+    client = storage.Client(project="test", credentials=AnonymousCredentials(), client_options={"api_endpoint": gcs_endpoint})
     return client.create_bucket(f"wds-{uuid.uuid4().hex[:16]}")
 
 

@@ -13,7 +13,7 @@ from botocore.exceptions import ClientError
 import wds_async as wds
 from tests.backends.upload_contract import FAST, UploadContract, UploadEnv, make_samples, read_back
 from tests.backends.upload_faults import Fault, FaultProxy, faults, query
-from tests.emulators import MOTO_ENV, moto_server, unavailable
+from tests.emulators import MOTO_ENV
 from wds_async.sinks import DEFAULT_PART_BYTES, open_sink
 from wds_async.sinks.s3 import MIN_PART_BYTES, S3Sink
 
@@ -27,15 +27,6 @@ def is_part(method: str, path: str) -> bool:
 
 def is_start(method: str, path: str) -> bool:
     return method == "POST" and "uploads" in query(path)
-
-
-@pytest.fixture(scope="module")
-def moto_endpoint() -> Iterator[str]:
-    try:
-        with moto_server() as endpoint:
-            yield endpoint
-    except RuntimeError as exc:
-        unavailable(f"moto server: {exc}")
 
 
 @pytest.fixture(scope="module")

@@ -7,45 +7,15 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from benchmarks.make_shards import make_shards
-from tests.emulators import MOTO_ENV, azurite, azurite_connection_string, gcs_emulator, moto_server, unavailable
+from tests.emulators import MOTO_ENV, azurite_connection_string
 from tests.integration.test_cli_cp import SHARDS, _samples
 from wds_async.cli import main
-
-
-@pytest.fixture(scope="module")
-def moto_endpoint() -> Iterator[str]:
-    try:
-        with moto_server() as endpoint:
-            yield endpoint
-    except RuntimeError as exc:
-        unavailable(f"moto server: {exc}")
-
-
-@pytest.fixture(scope="module")
-def gcs_endpoint() -> Iterator[str]:
-    try:
-        with gcs_emulator() as base:
-            yield base
-    except RuntimeError as exc:
-        unavailable(str(exc))
-
-
-@pytest.fixture(scope="module")
-def azurite_endpoint() -> Iterator[str]:
-    with ExitStack() as stack:
-        try:
-            endpoint = stack.enter_context(azurite())
-        except RuntimeError as exc:
-            unavailable(str(exc))
-        yield endpoint
 
 
 @pytest.fixture()
