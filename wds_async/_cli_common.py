@@ -25,7 +25,7 @@ from typing import Any
 
 from .config import RetryPolicy
 from .errors import WdsError
-from .grouping import Grouper, Sample
+from .grouping import Grouper
 from .tarstream import Member, TarParser
 from .urls import redact_url
 
@@ -87,10 +87,12 @@ def _raise(error: WdsError) -> None:
 
 
 async def read_samples(backend: Any, url: str, *, policy: RetryPolicy | None = None,
-                       on_bytes: Callable[[int], None] | None = None) -> AsyncGenerator[list[Sample], None]:
+                       on_bytes: Callable[[int], None] | None = None,
+                       grouper: Any = None) -> AsyncGenerator[list[Any], None]:
     """Yield the samples of ``url`` (webdataset's grouping; a repeated extension is a
-    :class:`~wds_async.errors.SampleError`), in the lists each chunk completes."""
-    grouper = Grouper(redact_url(url), _raise)
+    :class:`~wds_async.errors.SampleError`), in the lists each chunk completes. ``grouper``: another object
+    with ``push(members)`` and ``finish()`` (``cp``'s, which keeps member names as they are)."""
+    grouper = grouper if grouper is not None else Grouper(redact_url(url), _raise)
     async with aclosing(read_members(backend, url, policy=policy, on_bytes=on_bytes)) as members:
         async for batch in members:
             samples = grouper.push(batch)

@@ -155,9 +155,9 @@ def _save_index(entries: list[Any], url: str) -> Exception | None:
     """Write the index of the shards copied; the error, if that failed (then nothing was written there)."""
     import gzip
 
-    from ._cp_dest import put_bytes
     from .errors import WdsError
     from .index import ShardIndex
+    from .sinks import put_bytes
 
     data = ShardIndex(entries).dumps()
     try:

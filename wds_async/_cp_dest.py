@@ -24,7 +24,7 @@ from .config import RetryPolicy
 from .errors import BackendError, UrlError
 from .urls import redact_url
 
-__all__ = ["WRITABLE", "Destination", "check_destination", "open_destination", "put_bytes"]
+__all__ = ["WRITABLE", "Destination", "check_destination", "open_destination"]
 
 #: Registry keys (:func:`wds_async.backends.backend_key`) that ``cp`` can write to.
 WRITABLE = frozenset({"file", "s3", "gs", "az", "azure"})
@@ -129,17 +129,3 @@ async def _open(url: str, policy: RetryPolicy | None) -> Destination:
 
     sink = await asyncio.to_thread(lambda: open_sink(url, policy=policy))
     return SinkDestination(sink)
-
-
-def put_bytes(url: str, data: bytes, *, policy: RetryPolicy | None = None) -> None:
-    """Write ``data`` as the whole object ``url`` (a small file such as an index) through a sink: committed
-    whole or aborted. Blocking."""
-    from .sinks import open_sink
-
-    sink = open_sink(url, policy=policy)
-    try:
-        sink.write(data)
-    except BaseException:
-        sink.abort()
-        raise
-    sink.close()

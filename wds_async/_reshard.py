@@ -1,9 +1,9 @@
 """Resharding for ``wds-async cp --maxcount/--maxsize``: the samples of many shards, in order, rewritten into
 new shards by a :class:`~wds_async.writer.ShardWriter`.
 
-Up to ``concurrency`` source shards are read at once (through the loader's reader and tar parser, as
-:func:`~wds_async._cli_common.read_members` does), each into a queue of at most :data:`QUEUE_BATCHES`
-batches of samples; one writer takes the shards' queues in source order, so the output holds the samples
+Up to ``concurrency`` source shards are read at once (through the loader's reader and tar parser, by
+:func:`~wds_async._cli_common.read_samples` with this module's grouper), each into a queue of at most
+:data:`QUEUE_BATCHES` batches of samples; one writer takes the shards' queues in source order, so the output holds the samples
 in the order the sources list them and memory stays bounded by the shards in flight. The writer's calls
 block (files, uploads), so each batch is written in a thread.
 
@@ -19,13 +19,13 @@ A writer failure ends the run: every source not yet written is reported with tha
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from typing import Any
 
 from ._aio import Inflight
-from ._cli_common import read_members
+from ._cli_common import read_samples
 from .copy import CopyReport
 from .errors import SampleError, WdsError
 from .grouping import _skipped, split_key
@@ -72,19 +72,6 @@ class RawGrouper:
         return [last] if last is not None else []
 
 
-async def _raw_samples(backend: Any, url: str, on_bytes: Callable[[int], None]
-                       ) -> AsyncGenerator[list[dict[str, Any]], None]:
-    grouper = RawGrouper(redact_url(url))
-    async with aclosing(read_members(backend, url, on_bytes=on_bytes)) as batches:
-        async for members in batches:
-            samples = grouper.push(members)
-            if samples:
-                yield samples
-    last = grouper.finish()
-    if last:
-        yield last
-
-
 def _write(writer: Any, samples: list[dict[str, Any]], into: list[str]) -> None:
     """Write ``samples`` (in a thread); add the names of the shards they went into to ``into``."""
     for sample in samples:
@@ -121,7 +108,8 @@ async def reshard_all(urls: Sequence[str], make_writer: Callable[[], Any], concu
                     on_bytes(n)
 
             try:
-                async with aclosing(_raw_samples(backends.for_url(url), url, count)) as batches:
+                samples = read_samples(backends.for_url(url), url, on_bytes=count, grouper=RawGrouper(redact_url(url)))
+                async with aclosing(samples) as batches:
                     async for batch in batches:
                         await queues[i].put(batch)
             except WdsError as exc:

@@ -61,7 +61,7 @@ from .errors import (
     UrlError,
 )
 from .index import ShardEntry, ShardIndex
-from .sinks import Sink, open_sink
+from .sinks import open_sink, put_bytes
 from .urls import redact_url, scheme_of
 
 if TYPE_CHECKING:
@@ -448,13 +448,7 @@ class ShardWriter:
         data = index.dumps()
         if self.index.endswith(".gz"):
             data = gzip.compress(data, mtime=0)
-        sink: Sink = open_sink(self.index, options=self.backend_options, policy=self.kw.get("retry"))
-        try:
-            sink.write(data)
-        except BaseException:
-            sink.abort()
-            raise
-        sink.close()
+        put_bytes(self.index, data, options=self.backend_options, policy=self.kw.get("retry"))
 
     def _index_entry(self, stream: TarWriter, fname: str) -> ShardEntry:
         """The index entry of a shard just closed, with the identity its sink committed (none for ``pipe:``

@@ -33,7 +33,7 @@ from ..config import RetryPolicy
 from ..errors import UrlError
 from ..urls import redact_url
 
-__all__ = ["DEFAULT_PART_BYTES", "Sink", "open_sink"]
+__all__ = ["DEFAULT_PART_BYTES", "Sink", "open_sink", "put_bytes"]
 
 #: Part (S3), chunk (GCS) or block (Azure) size when none is given.
 DEFAULT_PART_BYTES = 8 << 20
@@ -101,3 +101,17 @@ def open_sink(url: str, *, options: Mapping[str, Any] | None = None, part_bytes:
     from .azure import AzureSink
 
     return AzureSink(url, opts, part_bytes=size, policy=policy)
+
+
+def put_bytes(url: str, data: bytes, *, options: Mapping[str, Any] | None = None,
+              policy: RetryPolicy | None = None) -> Sink:
+    """Write ``data`` as the whole object ``url`` (a small file such as an index) through a sink: committed whole
+    or aborted. Blocking; returns the closed sink (its ``identity``)."""
+    sink = open_sink(url, options=options, policy=policy)
+    try:
+        sink.write(data)
+    except BaseException:
+        sink.abort()
+        raise
+    sink.close()
+    return sink
