@@ -39,29 +39,23 @@ import gzip
 import lzma
 import os
 import re
-import signal
-import subprocess
 import sys
 import tarfile
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from contextlib import suppress
 from typing import IO, TYPE_CHECKING, Any
 
-from .backends.pipe import pipe_command, pipes_allowed
 from .backends.registry import backend_key
 from .config import RetryPolicy
 from .encoders import _BYTES, _encode_sample, default_handlers, make_encoder
 from .errors import (
-    BackendError,
-    NotFound,
-    PipeError,
     SampleError,
     UrlError,
 )
 from .index import ShardEntry, ShardIndex
 from .sinks import open_sink, put_bytes
+from .sinks.pipe import PipeSink
 from .urls import redact_url, scheme_of
 
 if TYPE_CHECKING:
@@ -69,88 +63,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ShardWriter", "TarWriter", "default_handlers", "make_encoder"]
 
-_STDERR_TAIL = 2048
 _FORMATS = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
 _UNSAFE_NAME = re.compile(r"^[/\\]|^[A-Za-z]:|(^|[/\\])(\.\.)?([/\\]|$)|\x00")
-
-
-# -- sinks ---------------------------------------------------------------------------------------------
-
-
-class _PipeSink:
-    """The stdin of ``pipe:CMD``; ``close()`` waits for the command and raises unless it exited 0.
-
-    Waiting is the point for a writer: only the exit status says that an upload or a compressor finished.
-    """
-
-    def __init__(self, url: str) -> None:
-        if not pipes_allowed():
-            raise UrlError("pipe: URLs are disabled (WDS_ASYNC_NO_PIPE is set)", url=url)
-        cmd = pipe_command(url)
-        self.url, self._stopped_reading, self._done = url, False, False
-        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed when the command is reaped)
-        try:
-            # Its own process group, so that abort() reaches the command itself and not only the shell.
-            self._proc = subprocess.Popen(cmd, shell=True, stdin=subprocess.PIPE, stderr=self._stderr,
-                                          start_new_session=True)
-        except OSError as exc:
-            self._stderr.close()
-            raise BackendError(f"cannot start the shell for the pipe: command: {exc}", url=url) from None
-        assert self._proc.stdin is not None
-        self._stdin: IO[bytes] = self._proc.stdin
-
-    def write(self, data: Any) -> int:
-        try:
-            return self._stdin.write(data)
-        except BrokenPipeError:
-            self._stopped_reading = True
-        error = self._finish()
-        assert error is not None  # a command that stopped reading is always an error
-        raise error
-
-    def flush(self) -> None:
-        with suppress(BrokenPipeError):
-            self._stdin.flush()
-
-    def abort(self) -> None:
-        """Kill the command so that it never commits a half-written archive."""
-        if not self._done:
-            with suppress(ProcessLookupError, PermissionError):
-                os.killpg(self._proc.pid, signal.SIGKILL)
-            self._finish()
-
-    def close(self) -> None:
-        error = self._finish()
-        if error is not None:
-            raise error
-
-    def _finish(self) -> PipeError | NotFound | None:
-        """Close stdin, reap the command, and describe its failure (once; later calls return None)."""
-        if self._done:
-            return None
-        self._done = True
-        try:
-            try:
-                self._stdin.close()
-            except BrokenPipeError:
-                self._stopped_reading = True
-            returncode = self._proc.wait()
-            self._stderr.seek(max(0, self._stderr.seek(0, os.SEEK_END) - _STDERR_TAIL))
-            tail = self._stderr.read().decode("utf-8", "replace").strip()
-        finally:
-            self._stderr.close()
-        if returncode == 0 and not self._stopped_reading:
-            return None
-        what = f"exited with status {returncode}"
-        if returncode < 0:
-            what = f"killed by signal {-returncode}"
-            with suppress(ValueError):
-                what = f"killed by {signal.Signals(-returncode).name}"
-        message = f"pipe: command {what}" + (" before reading all its input" if self._stopped_reading else "")
-        message += f"; stderr: {tail}" if tail else ""
-        if returncode == 127:
-            return NotFound(message, url=self.url)
-        return PipeError(message, url=self.url, returncode=returncode, stderr_tail=tail)
 
 
 def _compression(target: Any, compress: bool | str | None) -> str | None:
@@ -201,7 +115,7 @@ class TarWriter:
         if target == "-":
             self.stream: Any = sys.stdout.buffer
         elif isinstance(target, str) and target.startswith("pipe:"):
-            self.stream = _PipeSink(target)
+            self.stream = PipeSink(target)
         elif isinstance(target, str):
             self.stream = open_sink(target, options=backend_options, part_bytes=part_bytes, policy=retry)
         else:

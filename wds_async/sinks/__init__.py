@@ -12,7 +12,8 @@ at a time calls it (which thread may change between calls); store uploads run in
 * ``gs://``: a resumable upload session (google-resumable-media), chunks resumed at the offset the
   session persisted (:mod:`.gcs`);
 * ``az://``, ``azure://`` and ``https://ACCOUNT.blob.core.windows.net/...``: staged blocks committed as a
-  block list on ``close()`` (azure-storage-blob) (:mod:`.azure`).
+  block list on ``close()`` (azure-storage-blob) (:mod:`.azure`);
+* ``pipe:CMD`` (writers only, not ``open_sink``): the command's stdin, committed when it exits 0 (:mod:`.pipe`).
 
 Store sinks hold at most about three parts in memory whatever the object's size (``buffered_bytes``,
 ``peak_buffered_bytes``), retry each store call on transient errors with the library's
