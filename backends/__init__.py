@@ -1,25 +1,8 @@
-"""Backends, one module per URL scheme, loaded lazily by name.
+"""Backend implementations, one module per URL scheme: ``file``, ``pipe``, ``http`` (and https), ``s3``, ``gcs``,
+``azure``.
 
-The registry (:mod:`.registry`) maps a scheme to ``"module:Class"`` and the extra that provides its SDK,
-so that ``import wds_async`` stays light and a missing SDK produces an install hint instead of an
-ImportError deep in a worker; :func:`register_backend` adds custom stores, :func:`scheme_options` checks
-``backend_options`` per scheme, and :class:`BackendSet` holds the instances one event loop uses.
+Nothing here is imported by name from the layers above: :mod:`wds_async.io.registry` maps each scheme to
+``"wds_async.backends.MODULE:Class"`` and imports the module on first use, so ``import wds_async`` stays light
+and a missing SDK gives an install hint. Each class implements :class:`wds_async.io.backend.Backend` and
+declares its :class:`~wds_async.io.backend.Capabilities`.
 """
-
-from __future__ import annotations
-
-from .base import Backend, ByteStream, ObjectIdentity
-from .registry import (
-    REGISTRY,
-    BackendSet,
-    accepted_options,
-    backend_class,
-    backend_key,
-    register_backend,
-    scheme_options,
-    supported_schemes,
-    validate_url,
-)
-
-__all__ = ["REGISTRY", "Backend", "BackendSet", "ByteStream", "ObjectIdentity", "accepted_options", "backend_class",
-           "backend_key", "register_backend", "scheme_options", "supported_schemes", "validate_url"]

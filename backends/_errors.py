@@ -25,7 +25,7 @@ too), and so does everything else (``CancelledError``, a bug's ``RuntimeError``)
 retry resumes; the foreign exception's text goes through :func:`~wds_async.urls.redact_text`, because
 aiohttp puts request URLs (with their signatures) into some messages. It is raised ``from None``.
 
-Its sibling for answers, :func:`~wds_async.backends.base.status_error` (an HTTP status to the tree), lives
+Its sibling for answers, :func:`~wds_async.io.backend.status_error` (an HTTP status to the tree), lives
 in :mod:`.base`, which does not import aiohttp.
 """
 

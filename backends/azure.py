@@ -47,7 +47,7 @@ from wds_async.errors import BackendError, PermissionDenied, TransientError, Url
 from wds_async.urls import redact_url
 
 from ._errors import map_aiohttp_errors
-from .base import ByteStream, ObjectIdentity, glob_prefix, glob_regex, status_error
+from wds_async.io.backend import ByteStream, ObjectIdentity, glob_prefix, glob_regex, status_error
 from .http import HttpBackend
 
 __all__ = ["AzureBackend", "parse_connection_string"]

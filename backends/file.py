@@ -24,7 +24,7 @@ from aiofiles.threadpool.binary import AsyncFileIO
 from wds_async._aio import Inflight, close_file, open_file
 from wds_async.errors import BackendError, NotFound, PermissionDenied, UrlError
 
-from .base import ByteStream, ObjectIdentity
+from wds_async.io.backend import ByteStream, ObjectIdentity
 
 __all__ = ["FileBackend", "local_path"]
 

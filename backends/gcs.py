@@ -43,7 +43,7 @@ from wds_async.errors import NotFound, PermissionDenied, TransientError, UrlErro
 from wds_async.urls import redact_url
 
 from ._errors import map_aiohttp_errors
-from .base import ObjectIdentity, glob_prefix, glob_regex
+from wds_async.io.backend import ObjectIdentity, glob_prefix, glob_regex
 from .http import HttpBackend
 
 __all__ = ["GcsBackend", "parse_gs_url", "resolve_access"]
@@ -67,7 +67,7 @@ def parse_gs_url(url: str) -> tuple[str, str]:
 def resolve_access(endpoint_url: str | None, anonymous: bool,
                    credentials: google.auth.credentials.Credentials | None) -> tuple[str, bool, str]:
     """``(endpoint, anonymous, credential source)`` as the module docstring orders them; the writers
-    (:mod:`wds_async.sinks`) resolve theirs with it too. Application default credentials are left to the
+    (:mod:`wds_async.write.sinks`) resolve theirs with it too. Application default credentials are left to the
     caller (their scope differs: read-only here)."""
     emulator = os.environ.get("STORAGE_EMULATOR_HOST", "").strip()
     base = endpoint_url or emulator or DEFAULT_ENDPOINT

@@ -28,7 +28,7 @@ from wds_async.errors import BackendError, TransientError
 from wds_async.urls import redact_text, redact_url
 
 from ._errors import map_aiohttp_errors
-from .base import ByteStream, ObjectIdentity, check_http_url, status_error
+from wds_async.io.backend import ByteStream, ObjectIdentity, check_http_url, status_error
 
 __all__ = ["HttpBackend"]
 

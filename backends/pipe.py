@@ -24,7 +24,7 @@ from typing import IO
 
 from wds_async.errors import BackendError, NotFound, PipeError, UrlError
 
-from .base import ByteStream
+from wds_async.io.backend import ByteStream
 
 __all__ = ["PipeBackend", "pipe_command", "pipes_allowed"]
 

@@ -39,7 +39,7 @@ from botocore.config import Config
 from wds_async.errors import BackendError, PermissionDenied, TransientError, UrlError
 from wds_async.urls import redact_text
 
-from .base import ByteStream, ObjectIdentity, glob_prefix, glob_regex, status_error
+from wds_async.io.backend import ByteStream, ObjectIdentity, glob_prefix, glob_regex, status_error
 from .http import HttpBackend
 
 __all__ = ["S3Backend", "WrongRegion", "make_client", "split_s3_url"]
@@ -221,7 +221,7 @@ def make_client(*, endpoint_url: str | None = None, region: str | None = None, p
                 verify: str | None = None) -> tuple[Any, str]:
     """A boto3 S3 client configured as the backend's (profile, region, endpoint with path-style addressing,
     unsigned when anonymous) and the name of its credential source, for messages (never a key). The
-    writers (:mod:`wds_async.sinks`) use it too; ``retries`` caps botocore's own retries of a failed call
+    writers (:mod:`wds_async.write.sinks`) use it too; ``retries`` caps botocore's own retries of a failed call
     (0: none), ``verify`` is a CA bundle for an https endpoint."""
     session = boto3.Session(profile_name=profile) if profile else boto3.Session()
     config = Config(

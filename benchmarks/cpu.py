@@ -47,7 +47,7 @@ def _phase_raw(urls: list[str], connections: int) -> dict[str, Any]:
     import asyncio
 
     from wds_async._loop import run_private
-    from wds_async._rawread import drain, raw_backends
+    from wds_async.io.rawread import drain, raw_backends
 
     async def download_all() -> int:
         async with raw_backends(connections) as backends:

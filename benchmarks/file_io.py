@@ -47,10 +47,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import aiofiles
-from wds_async.backends.file import FileBackend
 
 from wds_async._aio import AsyncFileWriter
-from wds_async.bridge import new_event_loop
+from wds_async._loop import new_event_loop
+from wds_async.backends.file import FileBackend
 
 _NOWAIT = getattr(os, "RWF_NOWAIT", None)
 Job = Callable[[str], Awaitable[int]]

@@ -11,7 +11,7 @@ client (ours and each peer's own) sees the same latency and the same per-connect
 The shards live in the bucket ``bench`` of the store (the folder ``DIR/bench``) and are read as
 ``s3://bench/...`` by wds-async and the S3 peers, as ``gs://bench/...`` by gsutil, as path-style http
 URLs by webdataset. For each scenario and protocol this runs ``wds-async bench --peers`` (see
-:mod:`wds_async.bench`) and writes ``OUT/peers-SCENARIO-PROTO.json`` and ``.png``, then prints every
+:mod:`wds_async.cli.bench.run`) and writes ``OUT/peers-SCENARIO-PROTO.json`` and ``.png``, then prints every
 table and the store's own CPU seconds per GB served (it shares the machine's cores with the client
 being measured, so a store near a full core would be a bottleneck: the figure shows it is not).
 """
@@ -28,9 +28,9 @@ from typing import Any
 from benchmarks.make_shards import make_shards, parse_size
 from benchmarks.store import Knobs
 from benchmarks.store_process import StoreProcess
-from wds_async.bench import run_bench
-from wds_async.peers import peer_names
-from wds_async.peers._report import format_peers_table, plot_peers
+from wds_async.cli.bench.peers import peer_names
+from wds_async.cli.bench.peers._report import format_peers_table, plot_peers
+from wds_async.cli.bench.run import run_bench
 
 ROOT = Path(__file__).resolve().parent.parent
 BUCKET = "bench"

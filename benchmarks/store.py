@@ -311,7 +311,7 @@ async def _run_server(args: argparse.Namespace, knobs: Knobs, context: ssl.SSLCo
         while not stop.is_set():
             try:
                 await asyncio.wait_for(stop.wait(), 1.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 if parent is not None and os.getppid() != parent:
                     break  # orphaned: the test or benchmark that started us is gone
     finally:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from benchmarks.store import CA_FILE, Knobs, check_host
 
 if TYPE_CHECKING:
-    from typing_extensions import Self
+    from typing import Self
 
 __all__ = ["StoreProcess"]
 

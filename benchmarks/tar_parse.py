@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from wds_async.tarstream import TarParser
+from wds_async.engine.tarstream import TarParser
 
 
 def build_tar(total: int, member: int) -> bytes:

@@ -17,11 +17,47 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .backends import register_backend
-    from .cached import Cached, LMDBCached
     from .config import EngineConfig, RetryPolicy
-    from .dataset import WebDataset
-    from .decoders import Continue, Decoder, ImageHandler, basichandlers, handle_extension, imagehandler
+    from .data.dataset import WebDataset
+    from .data.decoders import Continue, Decoder, ImageHandler, basichandlers, handle_extension, imagehandler
+    from .data.fluid import Stage, pipelinefilter
+    from .data.handlers import ignore_and_continue, ignore_and_stop, reraise_exception, warn_and_continue, warn_and_stop
+    from .data.mix import RandomMix, RoundRobin
+    from .data.mock import MockDataset
+    from .data.pipeline import (
+        DataPipeline,
+        FluidWrapper,
+        WebLoader,
+        split_by_node,
+        split_by_worker,
+        tarfile_samples,
+        tarfile_to_samples,
+    )
+    from .data.shardlists import ResampledShards, SimpleShardList, non_empty, resampled, shardspec
+    from .data.stages.cached import Cached, LMDBCached
+    from .data.stages.factories import (
+        batched,
+        decode,
+        detshuffle,
+        extract_keys,
+        listed,
+        map,
+        map_dict,
+        map_tuple,
+        rename,
+        rename_keys,
+        rsample,
+        select,
+        shuffle,
+        slice,
+        to_tuple,
+        unbatched,
+        unlisted,
+        xdecode,
+    )
+    from .data.stages.plain import default_collation_fn
+    from .data.state import merge_states
+    from .engine.grouping import Sample
     from .errors import (
         BackendError,
         DecodingError,
@@ -42,47 +78,11 @@ if TYPE_CHECKING:
         UrlError,
         WdsError,
     )
-    from .filters import (
-        batched,
-        decode,
-        detshuffle,
-        extract_keys,
-        listed,
-        map,
-        map_dict,
-        map_tuple,
-        rename,
-        rename_keys,
-        rsample,
-        select,
-        shuffle,
-        slice,
-        to_tuple,
-        unbatched,
-        unlisted,
-        xdecode,
-    )
-    from .fluid import Stage, pipelinefilter
-    from .grouping import Sample
-    from .handlers import ignore_and_continue, ignore_and_stop, reraise_exception, warn_and_continue, warn_and_stop
-    from .index import ShardEntry, ShardIndex
-    from .indexer import build_index
-    from .mix import RandomMix, RoundRobin
-    from .mock import MockDataset
-    from .pipeline import (
-        DataPipeline,
-        FluidWrapper,
-        WebLoader,
-        split_by_node,
-        split_by_worker,
-        tarfile_samples,
-        tarfile_to_samples,
-    )
-    from .shardlists import ResampledShards, SimpleShardList, non_empty, resampled, shardspec
-    from .stages import default_collation_fn
-    from .state import merge_states
+    from .index.build import build_index
+    from .index.format import ShardEntry, ShardIndex
+    from .io import register_backend
     from .urls import braceexpand, expand_urls
-    from .writer import ShardWriter, TarWriter
+    from .write.writer import ShardWriter, TarWriter
 
 __version__ = "0.1.0"
 

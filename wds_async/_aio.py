@@ -32,7 +32,7 @@ from aiofiles.threadpool.binary import AsyncFileIO
 from .errors import BackendError, PermissionDenied
 
 if TYPE_CHECKING:
-    from typing_extensions import Self
+    from typing import Self
 
 __all__ = ["PARTIAL_SUFFIX", "AsyncFileWriter", "Inflight", "close_file", "is_partial", "open_file"]
 

@@ -2,8 +2,8 @@
 library and the CLI do so outside the streaming bridge (glob listing, building and loading an index,
 ``tune``, ``bench``'s raw phase, ``ls -l``, ``cat``, ``verify``).
 
-The loop is the bridge's choice (uvloop when importable), driven by :class:`asyncio.Runner` (a loop of
-our own on Python 3.10, which lacks it). On the way out every task still left on the loop is cancelled
+The loop is :func:`new_event_loop` (uvloop when importable; the bridge's loop thread uses it too), driven by
+:class:`asyncio.Runner`. On the way out every task still left on the loop is cancelled
 and waited for (so their streams, sockets and child processes close), then async generators and the
 default executor are finalized, and the loop is closed.
 
@@ -25,11 +25,18 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from .bridge import new_event_loop
-
-__all__ = ["run_private"]
+__all__ = ["new_event_loop", "run_private"]
 
 T = TypeVar("T")
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's loop when installed (faster sockets and subprocesses), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()  # type: ignore[no-any-return]
 
 
 def run_private(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
@@ -45,24 +52,8 @@ def run_private(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
 
 
 def _run_here(coro: Coroutine[Any, Any, T]) -> T:
-    runner_class = getattr(asyncio, "Runner", None)  # Python 3.11+
-    if runner_class is not None:
-        with runner_class(loop_factory=new_event_loop) as runner:
-            return runner.run(coro)  # type: ignore[no-any-return]
-    loop = new_event_loop()
-    try:
-        return loop.run_until_complete(coro)
-    finally:
-        try:  # as asyncio.Runner.close(): an interrupt leaves tasks behind; cancel them so their streams close
-            pending = asyncio.all_tasks(loop)
-            for task in pending:
-                task.cancel()
-            if pending:
-                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.run_until_complete(loop.shutdown_default_executor())
-        finally:
-            loop.close()
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        return runner.run(coro)
 
 
 class _Helper:

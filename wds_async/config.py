@@ -4,7 +4,7 @@ construction (a bad value is a ``ValueError`` when the dataset is built, not at 
 Defaults are deliberate:
 
 * ``max_connections="auto"`` lets the engine find the knee of the store it talks to at run time, between
-  ``min_connections`` and ``connection_cap`` (see :mod:`wds_async.autotune`; ``wds-async tune`` measures the
+  ``min_connections`` and ``connection_cap`` (see :mod:`wds_async.engine.autotune`; ``wds-async tune`` measures the
   same curve by hand). A :class:`~wds_async.WebDataset` hands the engine this process's share of the node
   budgets (:mod:`wds_async.node`), not these values as given.
 * ``max_buffered_bytes`` bounds the bytes the engine holds whatever the consumer does; the engine also lowers

@@ -19,7 +19,7 @@ The rule, for connections and bytes alike::
   2 GiB, that is 8 processes at 32 connections and 256 MiB each.
 * The floors are 1 connection and 8 MiB: an engine needs one connection to make progress, and below
   about 8 reads of the default 1 MiB chunk the budget is mostly the one-chunk-per-reader slack that
-  :class:`~wds_async.queues.ByteBudget` allows anyway, so a smaller share only makes readers stall.
+  :class:`~wds_async.io.budget.ByteBudget` allows anyway, so a smaller share only makes readers stall.
   A floor may exceed a node budget split among very many processes; it wins.
 * The share is capped by the config's per-process value when the user set that value (its name is in
   ``explicit``), or when the node value is itself the default.

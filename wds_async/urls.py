@@ -2,12 +2,12 @@
 
 Accepted forms: a string with ``{a,b}`` / ``{000..099}`` brace patterns, several such strings joined by
 ``::``, or any sequence of strings (each brace-expanded too). Schemes: bare paths and ``file://``,
-``pipe:CMD``, ``http://``, ``https://`` (cloud schemes are registered in :mod:`wds_async.backends`).
+``pipe:CMD``, ``http://``, ``https://`` (cloud schemes are registered in :mod:`wds_async.io`).
 
 Before brace expansion, ``${NAME}`` is replaced by the environment variable ``WDS_NAME``, as webdataset
 does (only the braced form, only ``WDS_``-prefixed variables; a value may hold ``${...}`` again, up to 10
 rounds). Unlike webdataset, which takes a list of URLs literally, every entry of a sequence gets the same
-treatment as a string. :func:`wds_async.urlcheck.check_url` checks each resulting URL's shape.
+treatment as a string. :func:`wds_async.io.urlcheck.check_url` checks each resulting URL's shape.
 
 Brace expansion is a small function of our own rather than a dependency: the grammar is tiny, and we
 want a malformed pattern to raise :class:`~wds_async.errors.UrlError` naming the pattern instead of
@@ -165,7 +165,7 @@ def expand_urls(urls: str | Iterable[str]) -> list[str]:
 
     Each pattern gets :func:`expand_env`, then :func:`braceexpand`. Raises :class:`UrlError` for an empty
     result, a non-string entry, an unset variable or a malformed pattern. Schemes are checked by
-    :func:`~wds_async.urlcheck.check_url` and the backend registry, not here.
+    :func:`~wds_async.io.urlcheck.check_url` and the backend registry, not here.
     """
     if isinstance(urls, (bytes, bytearray)):
         raise UrlError(f"urls must be str or a sequence of str, got {type(urls).__name__}")

@@ -28,10 +28,10 @@ from typing import Any
 
 import pytest
 from torch.utils.data import DataLoader
-from wds_async.backends.base import ObjectIdentity
 
 import wds_async as wds
-from wds_async.reader import RangeReader
+from wds_async.io.backend import ObjectIdentity
+from wds_async.io.reader import RangeReader
 
 DATA = os.urandom(300_000)
 

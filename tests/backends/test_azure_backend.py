@@ -14,19 +14,19 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-import wds_async.backends.azure as azure_mod
 from azure.core.credentials import AccessToken
 from azure.core.exceptions import ClientAuthenticationError
 from azure.storage.blob import BlobServiceClient, ContainerSasPermissions, generate_container_sas
-from wds_async.backends.azure import AzureBackend, parse_url
 
 import wds_async as wds
+import wds_async.backends.azure as azure_mod
 from tests.backends.contract import BackendContract, ContractEnv
 from tests.emulators import AZURITE_ACCOUNT, AZURITE_KEY, azurite_connection_string
+from wds_async.backends.azure import AzureBackend, parse_url
 
 WRONG_KEY = base64.b64encode(b"not the azurite key, but valid base64 of 64 bytes............").decode()
 SIG_VALUE = re.compile(r"sig=(?!\*\*\*)", re.IGNORECASE)
@@ -64,7 +64,7 @@ async def _read(backend: AzureBackend, url: str, **kw: Any) -> bytes:
 def _container_sas(container: str, **permissions: bool) -> str:
     return generate_container_sas(AZURITE_ACCOUNT, container, account_key=AZURITE_KEY,
                                   permission=ContainerSasPermissions(**permissions),
-                                  expiry=datetime.now(timezone.utc) + timedelta(hours=1))
+                                  expiry=datetime.now(UTC) + timedelta(hours=1))
 
 
 class TestAzureBackend(BackendContract):

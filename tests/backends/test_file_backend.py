@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from wds_async.backends.file import FileBackend
 
 from tests.backends.contract import BackendContract, ContractEnv, put_in_folder
+from wds_async.backends.file import FileBackend
 
 
 class TestFileBackend(BackendContract):

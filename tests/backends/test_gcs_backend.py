@@ -16,11 +16,11 @@ import google.auth.credentials
 import google.auth.exceptions
 import pytest
 from aiohttp import web
-from wds_async.backends.base import ObjectIdentity
-from wds_async.backends.gcs import READ_ONLY_SCOPE, GcsBackend, parse_gs_url
 
 import wds_async as wds
 from tests.backends.contract import BackendContract, ContractEnv
+from wds_async.backends.gcs import READ_ONLY_SCOPE, GcsBackend, parse_gs_url
+from wds_async.io.backend import ObjectIdentity
 
 SECRET = "SECRET-TOKEN"
 

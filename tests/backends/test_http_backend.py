@@ -12,11 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from wds_async.backends.http import HttpBackend
 
 from benchmarks.store import Knobs
 from benchmarks.store_process import StoreProcess
 from tests.backends.contract import BackendContract, ContractEnv
+from wds_async.backends.http import HttpBackend
 
 
 @pytest.fixture(scope="module")

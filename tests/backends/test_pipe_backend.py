@@ -12,10 +12,10 @@ import shlex
 from pathlib import Path
 
 import pytest
-from wds_async.backends.pipe import PipeBackend
 
 import wds_async as wds
 from tests.backends.contract import BackendContract, ContractEnv, put_in_folder
+from wds_async.backends.pipe import PipeBackend
 
 
 class TestPipeBackend(BackendContract):

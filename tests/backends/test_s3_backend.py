@@ -7,11 +7,11 @@ import uuid
 
 import boto3
 import pytest
-from wds_async.backends.s3 import S3Backend
 
 import wds_async as wds
 from tests.backends.contract import BackendContract, ContractEnv, make_shard
 from tests.emulators import MOTO_ENV
+from wds_async.backends.s3 import S3Backend
 
 
 @pytest.fixture()

@@ -21,10 +21,10 @@ from xml.sax.saxutils import escape
 
 import pytest
 from aiohttp import web
-from wds_async.backends.s3 import S3Backend, WrongRegion
 
 import wds_async as wds
 from tests.emulators import MOTO_ENV
+from wds_async.backends.s3 import S3Backend, WrongRegion
 
 REGION = "eu-west-1"
 

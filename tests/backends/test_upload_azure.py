@@ -14,7 +14,7 @@ import wds_async as wds
 from tests.backends.upload_contract import UploadContract, UploadEnv
 from tests.backends.upload_faults import FaultProxy, query
 from tests.emulators import AZURITE_ACCOUNT, AZURITE_KEY, azurite_connection_string
-from wds_async.sinks import open_sink
+from wds_async.write.sinks import open_sink
 
 _XML = {"Content-Type": "application/xml"}
 _ERROR = b'<?xml version="1.0" encoding="utf-8"?><Error><Code>%s</Code><Message>injected</Message></Error>'

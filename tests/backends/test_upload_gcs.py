@@ -14,8 +14,8 @@ import pytest
 import wds_async as wds
 from tests.backends.upload_contract import FAST, UploadContract, UploadEnv, make_samples, read_back
 from tests.backends.upload_faults import Fault, FaultProxy, faults, query
-from wds_async.sinks import open_sink
-from wds_async.sinks.gcs import CHUNK_UNIT
+from wds_async.write.sinks import open_sink
+from wds_async.write.sinks.gcs import CHUNK_UNIT
 
 _JSON = {"Content-Type": "application/json"}
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 import wds_async as wds
-from wds_async.sinks import Sink, open_sink
-from wds_async.sinks.local import LocalSink
+from wds_async.write.sinks import Sink, open_sink
+from wds_async.write.sinks.local import LocalSink
 
 
 def _names(folder: Path) -> list[str]:

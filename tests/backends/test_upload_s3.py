@@ -14,8 +14,8 @@ import wds_async as wds
 from tests.backends.upload_contract import FAST, UploadContract, UploadEnv, make_samples, read_back
 from tests.backends.upload_faults import Fault, FaultProxy, faults, query
 from tests.emulators import MOTO_ENV
-from wds_async.sinks import DEFAULT_PART_BYTES, open_sink
-from wds_async.sinks.s3 import MIN_PART_BYTES, S3Sink
+from wds_async.write.sinks import DEFAULT_PART_BYTES, open_sink
+from wds_async.write.sinks.s3 import MIN_PART_BYTES, S3Sink
 
 _ERROR = b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>%s</Code><Message>injected</Message></Error>'
 

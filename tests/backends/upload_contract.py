@@ -1,4 +1,4 @@
-"""One suite for the store sinks (:mod:`wds_async.sinks`), run by each store's test module on its emulator.
+"""One suite for the store sinks (:mod:`wds_async.write.sinks`), run by each store's test module on its emulator.
 
 A store's module subclasses :class:`UploadContract` and provides the ``up`` fixture: an :class:`UploadEnv`
 whose environment points the SDK at a :class:`~tests.backends.upload_faults.FaultProxy` in front of the
@@ -22,7 +22,7 @@ import wds_async as wds
 from tests.backends.upload_faults import Fault, FaultProxy, faults
 from wds_async.config import RetryPolicy
 from wds_async.errors import TransientError
-from wds_async.sinks import open_sink
+from wds_async.write.sinks import open_sink
 
 FAST = RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.05)
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
 
 if TYPE_CHECKING:
-    from typing_extensions import Self
+    from typing import Self
 
 _HOP = {"connection", "keep-alive", "transfer-encoding", "expect", "content-length", "proxy-connection"}
 

@@ -18,7 +18,7 @@ from benchmarks.make_shards import make_shards
 from benchmarks.store import Knobs
 from benchmarks.store_process import StoreProcess
 from tests.conftest import sample_digest
-from wds_async.cache import ShardCache, make_cache
+from wds_async.cache.disk import ShardCache, make_cache
 
 N = 4
 
@@ -316,7 +316,7 @@ def test_a_full_disk_abandons_the_fill_not_the_shard(served: tuple[StoreProcess,
 
 def test_cli_cache_ls_du_clear(served: tuple[StoreProcess, Path], tmp_path: Path,
                                capsys: pytest.CaptureFixture[str]) -> None:
-    from wds_async.cli import main
+    from wds_async.cli.main import main
 
     server, root = served
     urls = _urls(server)

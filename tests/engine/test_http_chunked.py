@@ -8,6 +8,7 @@ import tarfile
 
 import pytest
 from aiohttp import web
+
 from wds_async.backends.http import HttpBackend
 
 

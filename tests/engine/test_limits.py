@@ -22,8 +22,8 @@ import pytest
 
 import wds_async as wds
 from tests.conftest import write_tar
-from wds_async._failures import translate
-from wds_async.tarstream import TarParser
+from wds_async.engine.failures import translate
+from wds_async.engine.tarstream import TarParser
 
 MiB, GiB = 1 << 20, 1 << 30
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import psutil
 import pytest
-from wds_async.backends.base import ByteStream, ObjectIdentity
-from wds_async.backends.file import FileBackend
 
 import wds_async as wds
 from benchmarks.store_process import StoreProcess
 from tests.conftest import sample_digest
+from wds_async.backends.file import FileBackend
+from wds_async.io.backend import ByteStream, ObjectIdentity
 
 RETRY = wds.RetryPolicy(attempts=40, base_delay=0.0, max_delay=0.01)
 

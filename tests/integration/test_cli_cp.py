@@ -18,7 +18,7 @@ import pytest
 from benchmarks.store_process import StoreProcess
 from tests.conftest import N_SHARDS, wait_until, write_tar
 from tests.integration.test_cli import CLI, _run
-from wds_async.cli import main
+from wds_async.cli.main import main
 
 SHARDS = [f"shard-{i:06d}.tar" for i in range(N_SHARDS)]
 
@@ -151,7 +151,7 @@ def test_bad_input_is_one_line_and_exit_2(argv: list[str], fragment: str, shard_
      "https://acct.blob.core.windows.net/c/dir/d.tar?sv=1&sig=2"),
 ])
 def test_a_copy_is_named_after_its_source(src: str, folder: str, expected: str) -> None:
-    from wds_async.copy import plan_copies
+    from wds_async.write.copy import plan_copies
 
     assert plan_copies([src], folder) == [(src, expected)]
 
@@ -180,8 +180,8 @@ def test_reshard_with_maxcount_keeps_every_sample_in_order(shard_dir: Path, mani
     assert [r["samples"] for r in rows] == [s["samples"] for s in manifest["shards"][:3]]
     assert rows[0]["dst"].split(",")[0] == str(outputs[0]) and rows[-1]["dst"].split(",")[-1] == str(outputs[-1])
 
-    from wds_async.index import ShardIndex
-    from wds_async.indexer import build_index
+    from wds_async.index.build import build_index
+    from wds_async.index.format import ShardIndex
 
     assert _rows(ShardIndex.load(tmp_path / "index.jsonl")) == _rows(build_index([str(p) for p in outputs]))
 
@@ -206,8 +206,8 @@ def test_reshard_keeps_member_names_and_reports_a_bad_source(tmp_path: Path,
 
 
 def test_copy_index_matches_an_index_of_the_copies(shard_dir: Path, tmp_path: Path) -> None:
-    from wds_async.index import ShardIndex
-    from wds_async.indexer import build_index
+    from wds_async.index.build import build_index
+    from wds_async.index.format import ShardIndex
 
     out = tmp_path / "out"
     assert main(["cp", "-q", "--index", str(tmp_path / "i.jsonl.gz"), str(shard_dir / "shard-00000[0-2].tar"),

@@ -15,7 +15,7 @@ import pytest
 from benchmarks.make_shards import make_shards
 from tests.emulators import MOTO_ENV, azurite_connection_string
 from tests.integration.test_cli_cp import SHARDS, _samples
-from wds_async.cli import main
+from wds_async.cli.main import main
 
 
 @pytest.fixture()
@@ -114,7 +114,7 @@ def test_s3_to_gs_to_local(s3: tuple[str, Any], gs: Any, shard_dir: Path, tmp_pa
 
 
 def test_reshard_locally_with_the_index_in_a_bucket(s3: tuple[str, Any], shard_dir: Path, tmp_path: Path) -> None:
-    from wds_async.index import ShardIndex
+    from wds_async.index.format import ShardIndex
 
     bucket, _ = s3
     assert main(["cp", "-q", "--maxcount", "10", "--index", f"s3://{bucket}/index.jsonl.gz",
@@ -127,8 +127,8 @@ def test_reshard_locally_with_the_index_in_a_bucket(s3: tuple[str, Any], shard_d
 
 def test_reshard_into_a_bucket_with_its_index(s3: tuple[str, Any], shard_dir: Path, tmp_path: Path) -> None:
     from wds_async.errors import UrlError
-    from wds_async.index import ShardIndex
-    from wds_async.writer import TarWriter
+    from wds_async.index.format import ShardIndex
+    from wds_async.write.writer import TarWriter
 
     bucket, client = s3
     try:

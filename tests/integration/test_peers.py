@@ -16,8 +16,8 @@ import pytest
 
 from benchmarks.make_shards import make_shards
 from benchmarks.store_process import StoreProcess
-from wds_async.peers import PEERS, Peer
-from wds_async.peers._run import PeerJob
+from wds_async.cli.bench.peers import PEERS, Peer
+from wds_async.cli.bench.peers._run import PeerJob
 
 pytestmark = pytest.mark.slow
 N = 4

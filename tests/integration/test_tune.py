@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.store_process import StoreProcess
-from wds_async.tune import TuneResult, tune
+from wds_async.cli.tune.recommend import TuneResult, tune
 
 CLI = [sys.executable, "-m", "wds_async.cli"]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -67,7 +67,7 @@ def test_tune_cli_names_a_dead_store() -> None:
 
 def test_plot_without_matplotlib_names_the_extra(store: StoreProcess, tmp_path: Path) -> None:
     code = ("import sys; sys.modules['matplotlib'] = None\n"  # makes `import matplotlib` fail
-            "from wds_async.cli import main; sys.exit(main(sys.argv[1:]))")
+            "from wds_async.cli.main import main; sys.exit(main(sys.argv[1:]))")
     out = subprocess.run([sys.executable, "-c", code, "tune", _shards(store), "--levels", "1", "--seconds", "0.3",
                           "--plot", str(tmp_path / "x.png")], capture_output=True, text=True, timeout=300)
     assert out.returncode == 2

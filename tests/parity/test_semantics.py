@@ -188,7 +188,7 @@ DOTTED = [
 def test_split_key_is_base_plus_ext(name: str) -> None:
     from webdataset.tariterators import base_plus_ext
 
-    from wds_async.grouping import split_key
+    from wds_async.engine.grouping import split_key
 
     key, ext = base_plus_ext(name)
     assert split_key(name) == (None if key is None else (key, ext))

@@ -6,9 +6,10 @@ import os
 import struct
 
 import pytest
-from wds_async.backends import ObjectIdentity
 
+from wds_async.engine.work import WorkItem
 from wds_async.errors import EngineError, NotFound, SampleTooLarge, ServiceError, WdsError
+from wds_async.io import ObjectIdentity
 from wds_async.service.protocol import (
     MAX_FRAME,
     FrameDecoder,
@@ -19,7 +20,6 @@ from wds_async.service.protocol import (
     item_to_json,
 )
 from wds_async.service.ring import Ring, RingReader, one_shot
-from wds_async.work import WorkItem
 
 
 def test_frames_survive_any_split() -> None:

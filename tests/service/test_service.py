@@ -152,7 +152,7 @@ def test_sessions_end_with_their_clients(service: ServiceHandle, pattern: str) -
 
 
 def test_the_service_fills_and_reads_the_clients_cache(service: ServiceHandle, pattern: str, tmp_path: Path) -> None:
-    from wds_async.cache import ShardCache
+    from wds_async.cache.disk import ShardCache
 
     cache = tmp_path / "cache"
     expected = sample_digest(wds.WebDataset(pattern, deterministic=True))

@@ -9,7 +9,7 @@
 
 Each rank logs the sample keys of every step. With an index, the job's samples are laid end to end in the
 epoch's shard order and cut into ``ranks * workers`` equal shares of ``ceil(N / (ranks * workers))``, the
-last ones padded by wrapping around to the first samples (``wds_async/plan.py``), so every rank runs the
+last ones padded by wrapping around to the first samples (``wds_async/data/plan.py``), so every rank runs the
 same number of steps and each rank's keys are known exactly.
 """
 
@@ -36,10 +36,10 @@ import pytest
 import wds_async as wds
 from benchmarks.store import Knobs
 from benchmarks.store_process import StoreProcess
-from wds_async.plan import shard_order
+from wds_async.data.plan import shard_order
 
 if TYPE_CHECKING:
-    from typing_extensions import Self
+    from typing import Self
 
 pytestmark = pytest.mark.slow
 

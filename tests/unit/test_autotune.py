@@ -3,8 +3,8 @@ slow consumer, and leaves the concurrency alone when it is not the limit."""
 
 from __future__ import annotations
 
-from wds_async.autotune import Autotuner, Observation
-from wds_async.limiter import Limiter
+from wds_async.engine.autotune import Autotuner, Observation
+from wds_async.engine.limiter import Limiter
 from wds_async.stats import Stats
 
 MB = 1e6

@@ -19,12 +19,12 @@ import yarl
 from aiohttp import web
 from aiohttp.client_reqrep import ConnectionKey
 from multidict import CIMultiDict, CIMultiDictProxy
-from wds_async.backends._errors import map_aiohttp_errors
-from wds_async.backends.base import status_error
-from wds_async.backends.http import HttpBackend
 
 import wds_async as wds
+from wds_async.backends._errors import map_aiohttp_errors
+from wds_async.backends.http import HttpBackend
 from wds_async.errors import Throttled
+from wds_async.io.backend import status_error
 from wds_async.urls import redact_text, redact_url
 
 SIGNED = "https://alice:hunter2@h.example/b/shard-000001.tar?X-Amz-Credential=AKIA/x&X-Amz-Signature=SECRETSIG&v=1"

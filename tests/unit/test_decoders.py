@@ -1,4 +1,4 @@
-"""wds_async.decoders against webdataset 1.0.2's autodecode, on the same samples.
+"""wds_async.data.decoders against webdataset 1.0.2's autodecode, on the same samples.
 
 Every field type is decoded by both and compared value by value (type, dtype, shape, pixels). The
 deliberate differences are asserted on their own: pickle-family fields are refused unless opted in,
@@ -32,7 +32,7 @@ from webdataset import autodecode as wds_ad
 from webdataset import filters as wds_filters
 from webdataset import tenbin as wds_tenbin
 
-from wds_async.decoders import (
+from wds_async.data.decoders import (
     IMAGE_EXTENSIONS,
     IMAGE_SPECS,
     Continue,
@@ -47,9 +47,9 @@ from wds_async.decoders import (
     imagehandler,
     read_tenbin,
 )
+from wds_async.data.handlers import ignore_and_continue, ignore_and_stop
+from wds_async.engine.grouping import Sample
 from wds_async.errors import MissingDependency, WdsError
-from wds_async.grouping import Sample
-from wds_async.handlers import ignore_and_continue, ignore_and_stop
 
 # ---------------------------------------------------------------- helpers
 

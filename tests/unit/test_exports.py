@@ -17,7 +17,7 @@ def test_all_is_exactly_the_public_surface() -> None:
 
 
 def test_custom_backends_are_registered_through_the_public_api() -> None:
-    from wds_async.backends import register_backend
+    from wds_async.io import register_backend
 
     assert "register_backend" in wds_async.__all__ and wds_async.register_backend is register_backend
 
@@ -51,7 +51,7 @@ def test_every_export_loads_lazily_from_the_one_list() -> None:
 
 def test_import_and_the_command_line_do_not_import_torch() -> None:
     # torch takes ~1.5 s to import; `wds-async ls/cat/verify` and `import wds_async` must not pay for it
-    code = ("import sys, wds_async, wds_async.cli, wds_async._cli_ls, wds_async._cli_cat, wds_async._cli_verify, "
-            "wds_async._tune_cli; assert 'torch' not in sys.modules, 'torch imported'; "
+    code = ("import sys, wds_async, wds_async.cli.main, wds_async.cli.ls, wds_async.cli.cat, wds_async.cli.verify, "
+            "wds_async.cli.tune.command; assert 'torch' not in sys.modules, 'torch imported'; "
             "wds_async.WebDataset; assert 'torch' in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from wds_async.backends.http import HttpBackend
 
+from wds_async.backends.http import HttpBackend
+from wds_async.data.fluid import _Pass
+from wds_async.engine.grouping import _skipped, split_key
+from wds_async.engine.tarstream import Member, TarParser, _block_sum
 from wds_async.errors import ShardFormatError
-from wds_async.fluid import _Pass
-from wds_async.grouping import _skipped, split_key
-from wds_async.tarstream import Member, TarParser, _block_sum
 
 # The rules as first written, kept here as the reference the fast versions are checked against.
 _KEY_RE = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset 1.0.2's base_plus_ext

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
+from wds_async.engine.grouping import Grouper, Sample, split_key
+from wds_async.engine.tarstream import Member
 from wds_async.errors import SampleError, WdsError
-from wds_async.grouping import Grouper, Sample, split_key
-from wds_async.tarstream import Member
 
 
 @pytest.mark.parametrize(

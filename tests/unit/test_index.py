@@ -17,7 +17,7 @@ from benchmarks.store import Knobs
 from benchmarks.store_process import StoreProcess
 from wds_async import ShardEntry, ShardIndex, ShardWriter, build_index
 from wds_async.errors import NotFound, ShardFormatError
-from wds_async.index import url_key
+from wds_async.index.format import url_key
 
 CLI = [sys.executable, "-m", "wds_async.cli", "index"]
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from wds_async.limiter import Limiter
+from wds_async.engine.limiter import Limiter
 
 pytestmark = pytest.mark.asyncio
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from wds_async.peers import PEERS, peer_names
-from wds_async.peers._report import add_ratios, format_peers_table, plot_peers
-from wds_async.peers._run import store_urls
-from wds_async.peers.runners._common import keys_digest, sample_name
+from wds_async.cli.bench.peers import PEERS, peer_names
+from wds_async.cli.bench.peers._report import add_ratios, format_peers_table, plot_peers
+from wds_async.cli.bench.peers._run import store_urls
+from wds_async.cli.bench.peers.runners._common import keys_digest, sample_name
 
 
 def test_peer_names_parses_dedupes_and_expands_all() -> None:

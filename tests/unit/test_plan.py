@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 import wds_async as wds
 from tests.conftest import write_tar
-from wds_async.plan import split_equal
-from wds_async.state import Progress
-from wds_async.work import WorkItem
+from wds_async.data.plan import split_equal
+from wds_async.data.state import Progress
+from wds_async.engine.work import WorkItem
 
 runs_strategy = st.lists(st.integers(min_value=0, max_value=9), min_size=1, max_size=8).map(
     lambda counts: [(shard, 0, n) for shard, n in enumerate(counts)])

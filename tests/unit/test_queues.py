@@ -4,7 +4,8 @@ import asyncio
 
 import pytest
 
-from wds_async.queues import ByteBudget, ChannelClosed, SampleChannel
+from wds_async.engine.channel import ChannelClosed, SampleChannel
+from wds_async.io.budget import ByteBudget
 
 
 @pytest.mark.asyncio

@@ -12,7 +12,13 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
-from wds_async.backends import (
+
+import wds_async as wds
+from tests.conftest import write_tar
+from wds_async import register_backend
+from wds_async.config import EngineConfig
+from wds_async.errors import UrlError
+from wds_async.io import (
     BackendSet,
     ByteStream,
     ObjectIdentity,
@@ -21,12 +27,6 @@ from wds_async.backends import (
     scheme_options,
     supported_schemes,
 )
-
-import wds_async as wds
-from tests.conftest import write_tar
-from wds_async import register_backend
-from wds_async.config import EngineConfig
-from wds_async.errors import UrlError
 
 
 @pytest.mark.parametrize(("module", "url", "extra"), [("boto3", "s3://bkt/x.tar", "s3"),

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from wds_async.stages import batched, default_collation_fn, shuffle, to_tuple
+from wds_async.data.stages.plain import batched, default_collation_fn, shuffle, to_tuple
 
 
 def test_shuffle_is_a_permutation_and_mixes() -> None:

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from wds_async.engine.tarstream import Member, TarParser
 from wds_async.errors import ShardFormatError, TruncatedShard
-from wds_async.tarstream import Member, TarParser
 
 URL = "https://example.test/shards/shard-000007.tar"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from wds_async.cli.tune.recommend import find_knee, plateaued, recommend, size_text
 from wds_async.node import MIN_BUFFERED_BYTES
-from wds_async.tune import find_knee, plateaued, recommend, size_text
 
 MiB = 1 << 20
 LEVELS = [1, 2, 4, 8, 16, 32]

@@ -4,7 +4,7 @@ import pytest
 
 import wds_async as wds
 from wds_async.errors import UrlError
-from wds_async.urlcheck import check_url
+from wds_async.io.urlcheck import check_url
 from wds_async.urls import braceexpand, expand_env, expand_urls, redact_url, scheme_of
 
 

@@ -23,7 +23,7 @@ import torch
 import webdataset
 
 from wds_async.errors import NotFound, PipeError, SampleError, UrlError
-from wds_async.writer import ShardWriter, TarWriter, default_handlers, make_encoder
+from wds_async.write.writer import ShardWriter, TarWriter, default_handlers, make_encoder
 
 MTIME = 1_234_567_890
 

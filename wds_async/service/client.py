@@ -1,7 +1,7 @@
 """The client side of the node service: the same samples and callbacks as the in-process engine.
 
-:func:`service_samples` is what :func:`~wds_async.pipeline.stream_samples` is in-process: a generator of
-:class:`~wds_async.grouping.Sample` objects (``url``, ``offset``, ``end`` and ``item`` set as the engine
+:func:`service_samples` is what :func:`~wds_async.data.pipeline.stream_samples` is in-process: a generator of
+:class:`~wds_async.engine.grouping.Sample` objects (``url``, ``offset``, ``end`` and ``item`` set as the engine
 sets them) that calls ``on_sample(sample)`` just before yielding one and ``on_item_done(id)`` once an item's
 samples were all yielded, so a dataset's planning and checkpoints do not change with the service. The work
 items are planned here, by the client, and sent in ``open`` frames (a lazy stream in chunks of
@@ -24,11 +24,11 @@ from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any
 
+from ..engine.grouping import Sample
+from ..engine.work import WorkItem
 from ..errors import ServiceError
-from ..grouping import Sample
 from ..stats import Stats
 from ..urls import redact_url, scheme_of
-from ..work import WorkItem
 from .protocol import VERSION, FrameDecoder, encode, error_from_json, item_to_json
 from .ring import RingReader
 
@@ -175,7 +175,7 @@ def service_samples(
 
     ``settings``: engine settings for these items (``max_sample_bytes``, ``deterministic``, ``processes``,
     ``max_buffered_bytes``, ... see ``Service.session_config``); ``cache``: ``{"dir", "max_bytes",
-    "validate"}`` or None for the service's own. Callbacks as in :func:`~wds_async.pipeline.stream_samples`."""
+    "validate"}`` or None for the service's own. Callbacks as in :func:`~wds_async.data.pipeline.stream_samples`."""
     stats = stats if stats is not None else Stats()
     if isinstance(items, list):
         stats.shards_total = len(items)

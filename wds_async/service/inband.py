@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ..queues import ByteBudget, SampleChannel
+from ..engine.channel import SampleChannel
+from ..io.budget import ByteBudget
 
 __all__ = ["InBand", "InBandChannel"]
 

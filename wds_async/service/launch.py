@@ -1,6 +1,6 @@
 """Starting a node service from Python, for launchers: ``start_service(...) -> ServiceHandle``.
 
-The service runs as a subprocess (``python -m wds_async.cli serve ...``, the same interpreter), so it
+The service runs as a subprocess (``python -m wds_async.cli.main serve ...``, the same interpreter), so it
 outlives no one by accident: :meth:`ServiceHandle.stop` sends SIGTERM (then SIGKILL after a grace period)
 and the handle is a context manager. :func:`start_service` returns once the service answers a ``status``
 request on its socket, or raises :class:`~wds_async.errors.ServiceError` with the tail of its stderr.
@@ -23,7 +23,7 @@ from .client import service_status
 from .paths import default_socket_path
 
 if TYPE_CHECKING:
-    from typing_extensions import Self
+    from typing import Self
 
 __all__ = ["ServiceHandle", "start_service"]
 
@@ -94,7 +94,7 @@ def start_service(socket: str | None = None, *, max_connections: int | str = "au
     """Start ``wds-async serve`` as a subprocess and wait until it answers (see the module docstring)."""
     full_env = {**os.environ, **(env or {})}
     path = os.path.abspath(socket or default_socket_path(environ=full_env))
-    args = [sys.executable, "-m", "wds_async.cli"] + (["-v"] if verbose else []) + [
+    args = [sys.executable, "-m", "wds_async.cli.main"] + (["-v"] if verbose else []) + [
         "serve", "--socket", path, "--max-connections", str(max_connections)]
     for flag, value in (("--node-buffered-bytes", node_buffered_bytes), ("--ring-bytes", ring_bytes),
                         ("--cache-dir", cache_dir), ("--cache-size", cache_size)):

@@ -30,9 +30,9 @@ import json
 import struct
 from typing import Any
 
-from ..backends import ObjectIdentity
+from ..engine.work import WorkItem
 from ..errors import ServiceError
-from ..work import WorkItem
+from ..io import ObjectIdentity
 
 __all__ = ["MAX_FRAME", "VERSION", "FrameDecoder", "encode", "error_from_json", "error_to_json", "item_from_json",
            "item_to_json"]

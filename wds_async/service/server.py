@@ -4,12 +4,12 @@
 permissions) and runs one :class:`~wds_async.service.session.Session` per client connection. What the node
 shares lives here, once:
 
-* one :class:`~wds_async.limiter.Limiter`: every session's engine takes its tokens, so the node has at most
+* one :class:`~wds_async.engine.limiter.Limiter`: every session's engine takes its tokens, so the node has at most
   its total requests in flight; with ``max_connections="auto"`` one
-  :class:`~wds_async.autotune.Autotuner` sets that total from the service-wide counters (bytes read,
+  :class:`~wds_async.engine.autotune.Autotuner` sets that total from the service-wide counters (bytes read,
   throttling, time to first byte, summed over the sessions every tick, and the sessions' byte budgets
   taken together), between 1 and ``node_connections``;
-* one :class:`~wds_async.backends.BackendSet` per distinct ``backend_options`` the clients send (in
+* one :class:`~wds_async.io.BackendSet` per distinct ``backend_options`` the clients send (in
   practice one, so one connection pool), and one shard cache per cache directory;
 * the node byte budget: a session's budget is its share, ``node_buffered_bytes`` divided by the loader
   processes its client says share the node (as :func:`~wds_async.node.share_config` divides it in-process).
@@ -28,19 +28,19 @@ import logging
 import os
 import signal
 import socket
+from asyncio import TaskGroup
 from collections.abc import Callable
 from typing import Any
 
-from .._compat import TaskGroup
-from ..autotune import Autotuner
-from ..backends import BackendSet
-from ..bridge import new_event_loop
-from ..cache import ShardCache, make_cache
+from .._loop import new_event_loop
+from ..cache.disk import ShardCache, make_cache
 from ..config import EngineConfig, RetryPolicy
+from ..engine.autotune import Autotuner
+from ..engine.limiter import Limiter
 from ..errors import ServiceError
-from ..limiter import Limiter
+from ..io import BackendSet
+from ..io.budget import ByteBudget
 from ..node import NODE_BUFFERED_BYTES, NODE_CONNECTIONS, share_config
-from ..queues import ByteBudget
 from ..stats import Stats
 from .paths import check_length, peer_uid, prepare_directory
 from .session import Session

@@ -1,7 +1,7 @@
 """One client connection of the node service: its ring, its engines, its share of the node budget.
 
 A session answers ``hello`` with ``ready`` (the ring's descriptor passed along), then runs one
-:class:`~wds_async.engine.Engine` per ``open`` over the client's work items, on the service's shared
+:class:`~wds_async.engine.engine.Engine` per ``open`` over the client's work items, on the service's shared
 limiter and backends, into a channel and byte budget of its own. Its *pump* takes samples from that channel,
 copies their fields into the ring and sends their offsets; when the ring is full it waits for the client's
 ``ack``, so a slow client fills only its own ring and budget, and its readers give their tokens back while
@@ -21,16 +21,17 @@ import logging
 import os
 import socket
 import time
+from asyncio import TaskGroup
 from typing import TYPE_CHECKING, Any
 
-from .._compat import TaskGroup
-from .._failures import leaves
-from ..engine import Engine
+from ..engine.channel import SampleChannel
+from ..engine.engine import Engine
+from ..engine.failures import leaves
+from ..engine.grouping import Sample
+from ..engine.work import ItemDone
 from ..errors import SampleError, ServiceError
-from ..grouping import Sample
-from ..queues import ByteBudget, SampleChannel
+from ..io.budget import ByteBudget
 from ..stats import Stats
-from ..work import ItemDone
 from .inband import InBand, InBandChannel
 from .protocol import VERSION, FrameDecoder, encode, error_to_json, item_from_json
 from .ring import Ring, one_shot
@@ -138,7 +139,7 @@ class Session:
     async def _try_send_error(self, exc: BaseException) -> None:
         try:
             await asyncio.wait_for(self._send({"type": "error", "error": error_to_json(exc)}), 1.0)
-        except (OSError, asyncio.TimeoutError, ServiceError):
+        except (TimeoutError, OSError, ServiceError):
             pass
 
     async def _listen(self) -> None:
@@ -189,7 +190,7 @@ class Session:
             started = time.perf_counter()
             try:
                 items, done = await asyncio.wait_for(channel.get_many(max_items, max_bytes), ALIVE_SECONDS)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 await self._send({"type": "alive"})
                 continue
             finally:

@@ -1,0 +1,235 @@
+"""Where complete samples wait for the consumer, counted in the engine's byte budget
+(:class:`~wds_async.io.budget.ByteBudget`). The reader side lives on the engine's loop thread; only
+:meth:`SampleChannel.take` runs in the consumer's thread.
+
+:class:`SampleChannel`
+    Where complete samples wait for the consumer. *Interleaved* mode delivers samples in the order they
+    became ready; *ordered* mode delivers shard by shard in the order shards were opened. Readers put on the
+    loop thread; the consumer takes batches with :meth:`SampleChannel.take` in its own thread, under the
+    channel's lock and without a round trip through the loop (the release of the taken bytes is scheduled
+    onto the loop), or with :meth:`SampleChannel.get_many` from a coroutine on the loop. Errors and the end
+    of data (a handler's "stop") travel through the channel as values, in position; an error or a stop ends
+    the channel. :meth:`SampleChannel.abandon` (the consumer is gone) drops what is queued, returns its bytes
+    to the budget and makes every later ``put`` raise :class:`ChannelClosed`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..io.budget import ByteBudget
+
+__all__ = ["ChannelClosed", "SampleChannel"]
+
+
+class ChannelClosed(Exception):
+    """Raised to a reader that tries to put into a channel the consumer has abandoned."""
+
+
+@dataclass
+class _Slot:
+    """One shard's place in an ordered channel."""
+
+    items: collections.deque[tuple[Any, int]]
+    closed: bool = False
+
+
+_END = object()  # marks "stop here" (warn_and_stop / ignore_and_stop) in the stream of items
+
+
+class SampleChannel:
+    """Complete samples waiting for the consumer, bounded through the shared :class:`ByteBudget`.
+
+    Readers (loop thread) ``open_shard()`` in shard order, ``put()`` samples with their byte size,
+    optionally ``put_error()`` / ``put_stop()``, then ``close_shard()``; the engine calls ``finish()`` when
+    no shard will be opened any more. An item is a sample, or an exception to raise at that position.
+
+    The consumer side is thread-safe: :meth:`take` runs in the consumer's thread and takes what is ready
+    under a lock, without a round trip through the (possibly busy) event loop; it only *schedules* the
+    release of the taken bytes on the loop (``release``). Loop-side methods hold the lock only for a deque
+    operation and never wait for the consumer. :meth:`get_many` is the same for a consumer on the loop.
+    """
+
+    def __init__(self, budget: ByteBudget, *, ordered: bool) -> None:
+        self.budget = budget
+        self.ordered = ordered
+        self._ready: collections.deque[tuple[Any, int]] = collections.deque()
+        self._slots: collections.deque[tuple[object, _Slot]] = collections.deque()
+        self._slot_of: dict[object, _Slot] = {}
+        self._finished = False
+        self._abandoned = False
+        self._stopped = False
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._thread_waiting = False
+        self._getter: asyncio.Future[None] | None = None
+
+    # -- reader side (loop thread) -----------------------------------------------------------
+    def open_shard(self, token: object) -> None:
+        if self.ordered:
+            slot = _Slot(collections.deque())
+            with self._lock:
+                self._slots.append((token, slot))
+                self._slot_of[token] = slot
+
+    def _queue_for(self, token: object) -> collections.deque[tuple[Any, int]]:
+        return self._slot_of[token].items if self.ordered else self._ready
+
+    def put(self, token: object, sample: Any, nbytes: int) -> None:
+        """Queue one sample whose ``nbytes`` the caller already accounted in the budget."""
+        with self._lock:
+            if self._abandoned:
+                raise ChannelClosed()
+            self._queue_for(token).append((sample, nbytes))
+            self._notify_locked()
+        self.budget.clear_overdraft()
+
+    def put_error(self, token: object, error: BaseException) -> None:
+        """Deliver ``error`` to the consumer at this position; the channel ends after it."""
+        self._put_marker(token, error)
+
+    def put_stop(self, token: object) -> None:
+        """End the data at this position (the handler asked to stop)."""
+        self._put_marker(token, _END)
+
+    def _put_marker(self, token: object, item: object) -> None:
+        with self._lock:
+            if not self._abandoned:
+                self._queue_for(token).append((item, 0))
+                self._notify_locked()
+
+    def close_shard(self, token: object) -> None:
+        if self.ordered:
+            with self._lock:
+                slot = self._slot_of.get(token)
+                if slot is not None:
+                    slot.closed = True
+                self._notify_locked()
+
+    def finish(self) -> None:
+        """No more shards will be opened."""
+        with self._lock:
+            self._finished = True
+            self._notify_locked()
+
+    def starving_for(self, token: object) -> bool:
+        """True when the consumer has nothing deliverable and ``token``'s bytes could feed it."""
+        with self._lock:
+            if self.ordered:
+                self._advance()
+                return bool(self._slots) and self._slots[0][0] is token and not self._slots[0][1].items
+            return not self._ready
+
+    @property
+    def abandoned(self) -> bool:
+        return self._abandoned
+
+    def abandon(self) -> None:
+        """The consumer is gone: drop everything and refuse new samples."""
+        with self._lock:
+            self._abandoned = True
+            dropped = sum(n for _, n in self._ready)
+            for _, slot in self._slots:
+                dropped += sum(n for _, n in slot.items)
+            self._ready.clear()
+            self._slots.clear()
+            self._slot_of.clear()
+            self._notify_locked()
+        self.budget.release(dropped)
+
+    def _notify_locked(self) -> None:
+        if self._thread_waiting:
+            self._cond.notify()
+        getter = self._getter
+        if getter is not None and not getter.done():
+            getter.set_result(None)
+
+    # -- consumer side -----------------------------------------------------------------------
+    def _advance(self) -> None:
+        """Ordered mode: drop finished, empty head slots (lock held)."""
+        while self._slots and self._slots[0][1].closed and not self._slots[0][1].items:
+            token, _ = self._slots.popleft()
+            del self._slot_of[token]
+
+    def _head(self) -> collections.deque[tuple[Any, int]] | None:
+        if not self.ordered:
+            return self._ready
+        self._advance()
+        return self._slots[0][1].items if self._slots else None
+
+    def _done(self) -> bool:
+        if self._stopped or self._abandoned:
+            return True
+        if not self._finished:
+            return False
+        if self.ordered:
+            self._advance()
+            return not self._slots
+        return not self._ready
+
+    def _take_locked(self, max_items: int, max_bytes: int) -> tuple[list[Any], int]:
+        items: list[Any] = []
+        taken = 0
+        head = self._head()
+        while head and len(items) < max_items and (not items or taken + head[0][1] <= max_bytes):
+            item, nbytes = head.popleft()
+            if item is _END:
+                self._stopped = True
+                break
+            items.append(item)
+            taken += nbytes
+            if isinstance(item, BaseException):
+                self._stopped = True
+                break
+            if self.ordered and not head:
+                head = self._head()
+        return items, taken
+
+    def take(self, max_items: int, max_bytes: int, timeout: float, release: Callable[[int], None],
+             starving: Callable[[], None]) -> tuple[list[Any], bool]:
+        """Consumer thread: wait up to ``timeout`` for items; return ``(items, done)``.
+
+        ``release(n)`` is called with the bytes taken (it must hand them to the loop thread);
+        ``starving()`` once when nothing is ready (it must wake the budget's waiters on the loop).
+        """
+        with self._cond:
+            items, taken = self._take_locked(max_items, max_bytes)
+            if not items and not self._done():
+                starving()
+                self._thread_waiting = True
+                try:
+                    self._cond.wait(timeout)
+                finally:
+                    self._thread_waiting = False
+                items, taken = self._take_locked(max_items, max_bytes)
+            done = self._done()
+        if taken:
+            release(taken)
+        return items, done
+
+    async def get_many(self, max_items: int, max_bytes: int) -> tuple[list[Any], bool]:
+        """The same for a consumer running on the loop: wait for at least one item or the end."""
+        while True:
+            with self._lock:
+                items, taken = self._take_locked(max_items, max_bytes)
+                done = self._done()
+                if items or done:
+                    break
+                self._getter = asyncio.get_running_loop().create_future()
+            self.budget.wake()  # starving: readers blocked on the budget may overdraft now
+            try:
+                await self._getter
+            finally:
+                self._getter = None
+        self.budget.release(taken)
+        return items, done
+
+    def statistics(self) -> dict[str, int]:
+        with self._lock:
+            queued = len(self._ready) + sum(len(s.items) for _, s in self._slots)
+            return {"queued_items": queued, "open_shards": len(self._slots)}

@@ -1,0 +1,430 @@
+"""The engine: many work items in flight, parsed as they arrive, into one byte-bounded channel.
+
+``Engine.run()`` starts as many reader coroutines as the concurrency may ever reach, in a TaskGroup. Each
+takes a token of the engine's :class:`~wds_async.engine.limiter.Limiter` (whose total the
+:class:`~wds_async.engine.autotune.Autotuner` or a fixed ``max_connections`` sets), then the next
+:class:`~wds_async.engine.work.WorkItem` (a whole shard, or a byte range of one at sample boundaries; plain URLs
+become whole-shard items) from the shared iterator, so items open in plan order. It reads the item's
+bytes through a :class:`~wds_async.engine.parts.PartedRead` (a :class:`~wds_async.io.reader.RangeReader`, which
+retries transient failures, resuming at the byte reached, and checks the object's identity on every open;
+plus concurrent ranged parts on extra tokens when the object is large) into a sans-IO
+:class:`~wds_async.engine.tarstream.TarParser` started at the item's offset and a
+:class:`~wds_async.engine.grouping.Grouper`, and puts complete samples, tagged with the item's id, into the
+:class:`~wds_async.engine.channel.SampleChannel`, followed by an :class:`~wds_async.engine.work.ItemDone` marker. Before
+every read a reader waits on the shared :class:`~wds_async.io.budget.ByteBudget`, so a slow consumer stops the
+downloads. A compressed item is inflated from byte 0 and its members outside ``[start, end)`` dropped.
+
+Errors that end an item go to the user's ``handler``, translated into our tree first (see
+:mod:`wds_async.engine.failures`: an exception group is unwrapped to its most meaningful leaf, a ``MemoryError``
+stays one and names the shard, anything foreign becomes :class:`~wds_async.errors.EngineError`); among them
+:class:`~wds_async.errors.SampleTooLarge`, raised from a tar header that announces more than
+``max_sample_bytes``, before those bytes are read. The handler returns True (skip the item, counted), False
+(stop the data here), or raises (the error reaches the consumer at this item's position). An error outside
+any item reaches the consumer translated the same way: never as an ``ExceptionGroup``.
+
+The engine owns no thread: the bridge runs it in its loop thread. Nor does it assume it is alone: the node
+service (:mod:`wds_async.service`) runs one engine per client over one shared ``limiter`` (then neither
+created nor autotuned here), with ``yield_tokens=True`` so that a reader waiting for room in its own
+client's budget gives its token back meanwhile, and a slow client stalls only itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from asyncio import TaskGroup
+from collections.abc import Callable, Iterable, Iterator, Sized
+from contextlib import aclosing
+from typing import Any
+
+from ..cache.disk import FILL_WRITE_BYTES, CacheFill, CacheHit, Prechecks, ShardCache
+from ..config import EngineConfig
+from ..errors import SampleTooLarge, TruncatedShard, WdsError
+from ..io import BackendSet
+from ..io.budget import ByteBudget
+from ..io.reader import RangeReader
+from ..stats import Stats
+from ..urls import redact_url
+from .autotune import Autotuner
+from .channel import ChannelClosed, SampleChannel
+from .failures import leaves, pick, translate
+from .grouping import Grouper, Sample, sample_nbytes
+from .limiter import Limiter
+from .parts import PartedRead
+from .tarstream import TarParser
+from .work import ItemDone, WorkItem
+
+__all__ = ["Engine", "Handler"]
+
+log = logging.getLogger("wds_async")
+
+_GROUP = BaseExceptionGroup
+
+#: The byte-budget allowance of one open http(s) stream (``HttpBackend.buffer_allowance``): the engine
+#: allows at most as many streams as fit in half the budget.
+STREAM_ALLOWANCE = 640 << 10
+
+#: How many items ahead of the readers a shard cache's identity checks start (see ``Engine._items``).
+PRECHECK_AHEAD = 32
+
+#: ``handler(exc) -> bool``: True to skip and continue, False to stop, raise to propagate.
+Handler = Callable[[BaseException], bool]
+
+
+class _Stop(Exception):
+    """The handler asked to stop at this point."""
+
+
+class _HandlerRaised(Exception):
+    """The handler raised ``error`` for a sample-level problem."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+class Engine:
+    """Fetches ``urls`` concurrently into ``channel`` (see module docstring)."""
+
+    def __init__(
+        self,
+        urls: Iterable[str | WorkItem],
+        *,
+        backends: BackendSet,
+        channel: SampleChannel,
+        config: EngineConfig,
+        handler: Handler,
+        stats: Stats,
+        log_interval: float | None = None,
+        select_files: Callable[[str], bool] | None = None,
+        rename_files: Callable[[str], str] | None = None,
+        cache: ShardCache | None = None,
+        limiter: Limiter | None = None,
+        yield_tokens: bool = False,
+    ) -> None:
+        self.cache = cache
+        #: A limiter given by the caller is shared with other engines (the node service runs one engine per
+        #: client over one node-wide limiter, tuned by its own autotuner): used as is, never autotuned here.
+        self._shared_limiter = limiter
+        #: Give the token back while waiting for room in the byte budget (see ``_wait_for_room``).
+        self.yield_tokens = yield_tokens
+        self._prechecks: Prechecks | None = None
+        self.select_files = select_files
+        self.rename_files = rename_files
+        # A list, or a lazy iterator (resampled or pipeline shard streams), pulled only in the loop thread.
+        self.urls = urls
+        self.backends = backends
+        self.channel = channel
+        self.budget: ByteBudget = channel.budget
+        self.config = config
+        self.handler = handler
+        self.stats = stats
+        self.log_interval = log_interval
+        self.limiter = limiter if limiter is not None else Limiter(1)
+        self._exhausted = False  # every item has been handed to a reader
+        self._stopping = False
+        self.stats.shards_total = len(urls) if isinstance(urls, Sized) else 0
+        self.stats.buffer_limit = self.budget.limit
+        self.stats.budget = self.budget
+
+    async def run(self) -> None:
+        """Fetch every shard; errors that escape the handler logic are delivered via the channel."""
+        shards = self._items()
+        config = self.config
+        # Every open stream counts its transport's buffer allowance in the byte budget (see RangeReader), so
+        # concurrency beyond what half the budget can hold would only make readers wait for room.
+        fits = max(1, self.budget.limit // (2 * STREAM_ALLOWANCE))
+        cap = min(config.connections, fits)
+        tuner = None
+        if self._shared_limiter is not None:
+            self.stats.concurrency = self.stats.concurrency_cap = self.limiter.total
+            self.stats.concurrency_reason = "shared: the node service's limiter"
+        elif config.autotune:
+            self.limiter = Limiter(min(cap, config.first_connections))
+            tuner = Autotuner(self.limiter, self.stats, self.budget, minimum=min(config.min_connections, cap),
+                              cap=cap, has_work=lambda: not self._exhausted)
+        else:
+            self.limiter = Limiter(min(cap, config.first_connections))
+            self.stats.concurrency = self.stats.concurrency_cap = cap
+            self.stats.concurrency_reason = f"fixed: max_connections={config.connections}" + (
+                f", lowered to {cap}: each open stream takes {STREAM_ALLOWANCE >> 10} KiB of max_buffered_bytes="
+                f"{self.budget.limit}" if cap < config.connections else "")
+        try:
+            async with TaskGroup() as outer:
+                logger = outer.create_task(self._log_periodically()) if self.log_interval else None
+                tuning = outer.create_task(tuner.run()) if tuner is not None else None
+                if self.cache is not None and self.cache.validate:
+                    self._prechecks = Prechecks(self.cache, config.retry, self.stats, outer)
+                async with TaskGroup() as readers:
+                    count = len(self.urls) if isinstance(self.urls, Sized) else cap
+                    for _ in range(min(cap, count)):  # the limiter, not the task count, sets the concurrency
+                        readers.create_task(self._reader(shards))
+                for task in (logger, tuning):
+                    if task is not None:
+                        task.cancel()
+                if self._prechecks is not None:
+                    self._prechecks.close()
+        except ChannelClosed:
+            pass
+        except _GROUP as group:  # delivered as one exception of our tree, never as a group
+            if not all(isinstance(e, ChannelClosed) for e in leaves(group)):
+                self._fail(translate(group))
+        except Exception as exc:  # a bug, not a shard problem: surface it to the consumer
+            self._fail(translate(exc))
+        finally:
+            self.stats.finished = time.perf_counter()
+            self.channel.finish()
+
+    def _items(self) -> Iterator[WorkItem]:
+        """The work in order: work items as given, or one whole-shard item per plain URL. With a shard cache
+        that validates its copies, the next ``PRECHECK_AHEAD`` items are pulled early so that their copies'
+        identity checks run before the items are handed out."""
+        items = (entry if isinstance(entry, WorkItem) else WorkItem(id=n, shard=n, url=str(entry))
+                 for n, entry in enumerate(self.urls))
+        if self._prechecks is None:
+            yield from items
+            return
+        window: collections.deque[WorkItem] = collections.deque()
+        for item in items:
+            window.append(item)
+            self._prechecks.ahead(item.url, self.backends.for_url(item.url))
+            if len(window) > PRECHECK_AHEAD:
+                yield window.popleft()
+        yield from window
+
+    def _fail(self, exc: BaseException) -> None:
+        if isinstance(exc, ChannelClosed):
+            return
+        log.debug("engine failed", exc_info=exc)
+        token = object()
+        self.channel.open_shard(token)
+        self.channel.put_error(token, exc)
+        self.channel.close_shard(token)
+
+    async def _log_periodically(self) -> None:
+        assert self.log_interval
+        while True:
+            await asyncio.sleep(self.log_interval)
+            log.info("wds-async: %s", self.stats.line())
+
+    async def _reader(self, items: Iterator[WorkItem]) -> None:
+        """Take a token, then the next item; read it; give the token back; repeat until no items remain."""
+        while not (self._stopping or self.channel.abandoned):
+            await self.limiter.acquire()
+            try:
+                item = next(items, None)
+                if item is None:
+                    self._exhausted = True
+                    return
+                if self._stopping or self.channel.abandoned:
+                    return
+                await self._read_item(item)
+            finally:
+                self.limiter.release()
+
+    async def _wait_for_room(self, token: object) -> None:
+        """Wait until the reader of ``token`` may read another chunk. With ``yield_tokens`` a reader that has
+        to wait gives its limiter token back meanwhile and queues for one after, so that readers stalled by
+        their own consumer never hold tokens that other engines sharing the limiter could use."""
+        budget = self.budget
+        if not self.yield_tokens or budget.used < budget.limit or self.channel.starving_for(token):
+            await budget.wait_for_room(token, self.channel)
+            return
+        self.limiter.release()
+        try:
+            await budget.wait_for_room(token, self.channel)
+            await self.limiter.acquire()
+        except BaseException:
+            # Cancelled without a token: count one as taken, since the reader's ``finally`` gives one back.
+            self.limiter.borrowed += 1
+            raise
+
+    async def _requeue(self) -> None:
+        """A throttled request gives its token back and queues for one before it retries."""
+        self.limiter.release()
+        await self.limiter.acquire()
+
+    async def _read_item(self, item: WorkItem) -> None:
+        """One item from open to close in the channel, errors sent to the handler."""
+        token = object()
+        self.channel.open_shard(token)
+        self.stats.shards_in_flight += 1
+        try:
+            await self._fetch_item(item, token)
+            self.stats.shards_done += 1
+            self.channel.put(token, ItemDone(item.id), 0)
+        except Exception as exc:  # every failure ends in the channel, or the handler skips it
+            self._item_failed(token, item, pick(exc))
+        finally:
+            self.stats.shards_in_flight -= 1
+            self.budget.forget(token)
+            if not self.channel.abandoned:
+                self.channel.close_shard(token)
+
+    def _item_failed(self, token: object, item: WorkItem, exc: BaseException) -> None:
+        """Route what ended an item: our own signals, else the error (in our tree) to the handler."""
+        if isinstance(exc, ChannelClosed):
+            self._stopping = True
+        elif isinstance(exc, _Stop):
+            self.channel.put_stop(token)
+            self._stopping = True
+        elif isinstance(exc, _HandlerRaised):
+            self.channel.put_error(token, exc.error)
+            self._stopping = True
+        elif self._shard_failed(token, translate(exc, url=redact_url(item.url))) and not self.channel.abandoned:
+            self.channel.put(token, ItemDone(item.id), 0)
+
+    def _shard_failed(self, token: object, exc: BaseException) -> bool:
+        """Ask the handler about a failed item; True when it chose to skip it (and go on)."""
+        try:
+            keep_going = self.handler(exc)
+        except BaseException as raised:  # delivered to the consumer, not swallowed
+            self.channel.put_error(token, raised)
+            self._stopping = True
+            return False
+        if keep_going:
+            self.stats.shards_skipped += 1
+            return True
+        self.channel.put_stop(token)
+        self._stopping = True
+        return False
+
+    def _on_sample_error(self, err: WdsError) -> None:
+        try:
+            keep_going = self.handler(err)
+        except BaseException as raised:
+            raise _HandlerRaised(raised) from None
+        if not keep_going:
+            raise _Stop()
+        self.stats.samples_skipped += 1
+
+    def _emit(self, token: object, item: WorkItem, samples: list[Sample], held: int, parser: TarParser,
+              grouper: Grouper) -> int:
+        """Put complete samples into the channel and re-account the bytes this reader holds."""
+        emitted = 0
+        for sample in samples:
+            nbytes = sample_nbytes(sample)
+            emitted += nbytes
+            sample.item = item.id
+            self.channel.put(token, sample, nbytes)
+        self.stats.samples_read += len(samples)
+        new_held = parser.pending_bytes + grouper.pending_bytes
+        self.budget.add(new_held + emitted - held)
+        return new_held
+
+    async def _is_gzip(self, backend: Any, item: WorkItem) -> bool:
+        """Look at the first two bytes of an object whose compression is unknown."""
+        head = b""
+        reader = RangeReader(backend, item.url, start=0, end=2, policy=self.config.retry, expect=item.expect)
+        async with aclosing(reader.chunks()) as chunks:
+            async for chunk in chunks:
+                head += chunk
+        return head[:2] == b"\x1f\x8b"
+
+    async def _fetch_item(self, item: WorkItem, token: object) -> None:
+        """Stream one work item through a parser and a grouper into the channel.
+
+        An uncompressed item is read as the byte range ``[start, end)`` and must end at a member boundary
+        (or, without ``end``, at the archive's end marker). A compressed one is inflated from byte 0; its
+        members outside ``[start, end)`` are dropped before grouping, and reading stops at ``end``.
+        """
+        backend = self.backends.for_url(item.url)
+        part_bytes = self.config.part_bytes
+        source: CacheHit | CacheFill | None = None
+        if self.cache is not None and self.cache.cacheable(item.url):
+            source = await self.cache.open_item(item.url, whole=item.start == 0 and item.end is None,
+                                                backend=backend, policy=self.config.retry, stats=self.stats,
+                                                prechecks=self._prechecks)
+            if isinstance(source, CacheHit):
+                backend = source.backend  # read as the file backend reads local files, ranged parts included
+            elif source is not None:
+                self.budget.reserve(FILL_WRITE_BYTES)  # the fill's write buffer
+        try:
+            compressed = item.compressed
+            if compressed is None and item.start > 0:
+                compressed = await self._is_gzip(backend, item)
+            ranged = not compressed
+            first = item.start if ranged else 0
+            failure: BaseException | None = None
+            async with TaskGroup() as group:
+                reader = PartedRead(backend, item.url, start=first, end=item.end if ranged else None,
+                                    policy=self.config.retry, stats=self.stats, expect=item.expect,
+                                    limiter=self.limiter, budget=self.budget, channel=self.channel, owner=token,
+                                    part_bytes=part_bytes, group=group, requeue=self._requeue)
+                try:
+                    fill = source if isinstance(source, CacheFill) else None
+                    await self._parse_item(item, token, reader, ranged, fill)
+                except BaseException as exc:  # re-raised below, outside the group
+                    failure = exc
+                finally:
+                    reader.close()
+            if failure is not None:
+                raise failure
+        finally:
+            if isinstance(source, CacheHit):
+                source.close()
+            elif source is not None:
+                self.budget.unreserve(FILL_WRITE_BYTES)
+                await source.close()
+
+    async def _parse_item(self, item: WorkItem, token: object, reader: PartedRead, ranged: bool,
+                          fill: CacheFill | None = None) -> None:
+        """Feed the item's bytes to a parser and a grouper and its samples to the channel (and to the shard
+        cache's ``fill`` as they pass: committed once the whole object has been read and parsed)."""
+        first = reader.start
+        limit = self.config.max_sample_bytes
+        parser = TarParser(url=reader.shown, start_offset=first, max_member_bytes=limit)
+        grouper = Grouper(reader.shown, self._on_sample_error, select_files=self.select_files,
+                          rename_files=self.rename_files, max_sample_bytes=limit)
+        lo, hi = item.start, item.end
+        filtered = not ranged and (lo > 0 or hi is not None)
+        stopped_early = False  # a compressed item whose wanted range ended before the archive did
+        held = 0
+        try:
+            async with aclosing(reader.chunks()) as chunks:
+                chunk_iter = chunks.__aiter__()
+                while True:
+                    await self._wait_for_room(token)
+                    try:
+                        chunk = await chunk_iter.__anext__()
+                    except StopAsyncIteration:
+                        break
+                    if fill is not None:
+                        await fill.write(chunk, reader.first.identity.size if reader.first.identity else None)
+                    members = parser.feed(chunk)
+                    if filtered:
+                        past = hi is not None and any(m.offset >= hi for m in members)
+                        members = [m for m in members if lo <= m.offset and (hi is None or m.offset < hi)]
+                        samples = grouper.push(members)
+                        held = self._emit(token, item, samples, held, parser, grouper)
+                        members, samples = [], []
+                        if past:
+                            stopped_early = True
+                            break
+                        continue
+                    held = self._emit(token, item, grouper.push(members), held, parser, grouper)
+                    # Drop the chunk's members before the next await: alive across it, tens of thousands of
+                    # small tuples per reader reach the collector's oldest generation and cost full collections.
+                    members = []
+            if stopped_early:
+                pass  # the rest of the archive is not wanted, so its end is not checked
+            elif item.end is None or not ranged:
+                parser.close()
+            elif not parser.at_boundary or parser.offset != item.end:
+                raise TruncatedShard(
+                    f"the range [{item.start}, {item.end}) did not end at a member boundary (stopped at "
+                    f"{parser.offset}); the index does not describe this shard", url=reader.shown,
+                    offset=parser.offset)
+            self._emit(token, item, grouper.finish(), held, parser, grouper)
+            held = 0
+            if fill is not None and not stopped_early:
+                await fill.commit(reader.first.identity, self.stats)
+        except SampleTooLarge as exc:  # refused from its tar header: name the sample it would have started
+            if exc.key is None and exc.member is not None:
+                exc.key = grouper.key_of(exc.member)
+            raise
+        finally:
+            if held:
+                self.budget.release(held)

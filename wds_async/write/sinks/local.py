@@ -1,0 +1,96 @@
+"""A local file written whole or not at all: ``PATH.partial-<random>`` beside it, renamed on ``close()``.
+
+The temporary file lives in the target's directory (so ``os.replace`` is an atomic rename on one file
+system), is fsynced before the rename, and is unlinked by ``abort()``: a reader never sees half a shard,
+and a crash leaves at most a ``.partial-`` file, never a short ``PATH``. A target that exists and is not a
+regular file (``/dev/null``, a FIFO) is written in place: there is nothing to rename over it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+from contextlib import suppress
+from typing import IO
+
+from ...backends.file import local_path
+from ...errors import BackendError, NotFound, PermissionDenied
+from ...io import ObjectIdentity
+from ...urls import redact_url
+
+__all__ = ["LocalSink"]
+
+
+def _os_error(exc: OSError, doing: str, url: str) -> BackendError:
+    if isinstance(exc, FileNotFoundError):
+        return NotFound(f"cannot {doing}: its directory does not exist", url=url)
+    if isinstance(exc, PermissionError):
+        return PermissionDenied(f"permission denied: cannot {doing}", url=url)
+    return BackendError(f"cannot {doing}: {exc.strerror or exc}", url=url)
+
+
+class LocalSink:
+    """A :class:`~wds_async.write.sinks.Sink` for a local path or ``file://`` URL (see the module docstring)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = redact_url(url)
+        self.path = local_path(url)
+        self.identity: ObjectIdentity | None = None
+        self.closed = False
+        try:
+            special = not stat.S_ISREG(os.stat(self.path).st_mode)
+        except OSError:
+            special = False
+        #: Where the bytes go until ``close()``; None when the target is written in place.
+        self.partial: str | None = None if special else f"{self.path}.partial-{secrets.token_hex(6)}"
+        try:
+            self._file: IO[bytes] = open(self.partial or self.path, "xb" if self.partial else "wb")  # noqa: SIM115
+        except OSError as exc:
+            raise _os_error(exc, "create the file", self.url) from None
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        try:
+            return self._file.write(data)
+        except ValueError:  # closed
+            raise BackendError("write to a closed sink", url=self.url) from None
+        except OSError as exc:
+            error = _os_error(exc, "write the file", self.url)
+        self.abort()
+        raise error
+
+    def flush(self) -> None:
+        with suppress(ValueError):
+            self._file.flush()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            self._file.flush()
+            if self.partial is not None:
+                os.fsync(self._file.fileno())
+            self._file.close()
+            if self.partial is not None:
+                os.replace(self.partial, self.path)
+            size = os.stat(self.path).st_size if self.partial is not None else None
+        except OSError as exc:
+            error = _os_error(exc, "finish the file", self.url)
+        except BaseException:
+            self.abort()
+            raise
+        else:
+            self.closed, self.identity = True, ObjectIdentity(size=size)
+            return
+        self.abort()
+        raise error
+
+    def abort(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        with suppress(OSError):
+            self._file.close()
+        if self.partial is not None:
+            with suppress(OSError):
+                os.unlink(self.partial)
