@@ -21,7 +21,7 @@ from wds_async.cli.bench.peers._run import PeerJob
 
 pytestmark = pytest.mark.slow
 N = 4
-RUNNERS = Path(__file__).resolve().parents[2] / "wds_async" / "peers" / "runners"
+RUNNERS = Path(__file__).resolve().parents[2] / "wds_async" / "cli" / "bench" / "peers" / "runners"
 
 
 @pytest.fixture(scope="module")
