@@ -62,14 +62,20 @@ class WebDataset(FluidPipeline):
         max_connections: requests in flight: ``"auto"`` (default; tuned at run time within this process's
             share of the node, see :mod:`wds_async.engine.autotune`) or a fixed int.
         part_bytes: shards larger than this are fetched as concurrent ranged parts (0: never).
-        max_buffered_bytes, read_timeout, connect_timeout, retry: engine settings
-            (see :class:`~wds_async.config.EngineConfig`); or pass a whole ``config``.
+        max_buffered_bytes: the engine's byte budget (see :class:`~wds_async.config.EngineConfig`, as for the
+            next three); or pass a whole ``config``.
+        read_timeout: seconds a stream may go without a byte before it is retried.
+        connect_timeout: seconds to open a connection.
+        retry: the :class:`~wds_async.config.RetryPolicy`.
+        config: a whole :class:`~wds_async.config.EngineConfig`; the options above override its fields.
         max_sample_bytes: the largest member or sample accepted (default 1 GiB): a tar header announcing
             more fails its shard with :class:`~wds_async.errors.SampleTooLarge` before the bytes are read,
             so a corrupt size field cannot exhaust memory; the handler decides as for any shard error.
-        nodesplitter, workersplitter: ``iterable of {"url": ...} -> iterable`` selecting this rank's and
-            this worker's shares (webdataset's signature); ``None`` disables a split.
-        select_files, rename_files: per-member filter and renamer, applied before grouping.
+        nodesplitter: ``iterable of {"url": ...} -> iterable`` selecting this rank's share (webdataset's
+            signature); ``None`` disables the split.
+        workersplitter: the same for this DataLoader worker's share.
+        select_files: per-member filter, applied before grouping.
+        rename_files: per-member renamer, applied before grouping.
         empty_check: raise :class:`~wds_async.errors.EmptyShards` (a ``ValueError``) if this process was given
             shards but they held no sample at all (for example empty tars: only end-of-archive blocks).
         log_interval: seconds between ``stats()`` log lines on the ``wds_async`` logger (INFO).
@@ -78,10 +84,11 @@ class WebDataset(FluidPipeline):
             True}}``; the flat form (``{"endpoint_url": ...}``) when all URLs use one scheme. An option the
             scheme's backend does not take is a :class:`~wds_async.errors.UrlError` here, at construction.
         allow_pipe: forbid (False) or allow ``pipe:`` URLs; default: allowed unless ``WDS_ASYNC_NO_PIPE``.
-        cache_dir, cache_size: keep a copy of every remote shard in ``cache_dir`` (default
+        cache_dir: keep a copy of every remote shard in ``cache_dir`` (default
             ``WDS_ASYNC_CACHE_DIR``, else webdataset's ``WDS_CACHE``; None: no cache), written while the shard
             streams and read from disk in later epochs, by every process of the node (see
-            :mod:`wds_async.cache.disk`). ``cache_size``: the most bytes the copies take (an int or ``"200GB"``;
+            :mod:`wds_async.cache.disk`).
+        cache_size: the most bytes the copies take (an int or ``"200GB"``;
             default ``WDS_ASYNC_CACHE_SIZE``, else no limit as in webdataset; -1: no limit; 0: no cache),
             least recently used copies evicted first.
         cache_validate: before reading a copy, ask the store (one 1-byte request) whether the object is still
@@ -90,8 +97,10 @@ class WebDataset(FluidPipeline):
         index: a shard index (path, store URL or :class:`~wds_async.ShardIndex`): split samples, not shards,
             into equal shares per rank and worker, and check each shard's identity against it.
         drop_last: with an index, drop the remainder instead of padding the last shares by wrapping around.
-        node_connections, node_buffered_bytes: node-wide budgets divided among the local loader processes
-            (default: ``WDS_ASYNC_NODE_CONNECTIONS`` / ``WDS_ASYNC_NODE_BUFFERED_BYTES``, else 256 and 2 GiB).
+        node_connections: node-wide connection budget divided among the local loader processes
+            (default: ``WDS_ASYNC_NODE_CONNECTIONS``, else 256).
+        node_buffered_bytes: node-wide byte budget, divided the same way (default:
+            ``WDS_ASYNC_NODE_BUFFERED_BYTES``, else 2 GiB).
         service: read through the node service (``wds-async serve``, :mod:`wds_async.service`) instead of an
             engine in this process: ``"unix://PATH"`` (its socket), or ``"auto"`` (the default socket when a
             service answers there, else in-process); default ``WDS_ASYNC_SERVICE``, else in-process. Planning
