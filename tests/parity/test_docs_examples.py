@@ -1,6 +1,7 @@
 """The webdataset docs' own examples, run unchanged with ``import wds_async as wds``, on generated image
-shards (jpg/png + json + cls), and compared with webdataset 1.0.2 where both can run; and our README's
-"Using it" example, run as written on the synthetic shards of ``benchmarks/make_shards.py``."""
+shards (jpg/png + json + cls), and compared with webdataset 1.0.2 where both can run; and our own quick start
+(``docs/getting-started.md``, "Quick start"; the README carries a copy that ``tests/unit/test_docs.py`` keeps
+identical), run as written on the synthetic shards of ``benchmarks/make_shards.py``."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from PIL import Image
 import wds_async as wds
 from tests.parity.conftest import write_tar
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+GETTING_STARTED = Path(__file__).resolve().parents[2] / "docs" / "getting-started.md"
 
 
 @pytest.fixture(scope="module")
@@ -136,9 +137,9 @@ def test_pickle_needs_opt_in(tmp_path: Path) -> None:
     assert [s["pyd"] for s in wds.WebDataset(path).decode(allow_pickle=True)] == [{"x": 1}]
 
 
-def readme_block(heading: str) -> str:
-    """The first python code block under ``heading`` in README.md."""
-    text = README.read_text()
+def doc_block(page: Path, heading: str) -> str:
+    """The first python code block under ``heading`` in a docs page."""
+    text = page.read_text()
     section = text[text.index(f"\n{heading}\n"):]
     match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
     assert match is not None, f"no python block under {heading!r}"
@@ -147,17 +148,17 @@ def readme_block(heading: str) -> str:
 
 # torch advises against 4 workers on a machine with fewer cores (CI has 2); the example is for a training node.
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes:UserWarning")
-def test_readme_using_it_example_runs_as_written(pattern: str, manifest: dict[str, object]) -> None:
+def test_quick_start_example_runs_as_written(pattern: str, manifest: dict[str, object]) -> None:
     """The block runs unchanged except its ``urls = ...`` line, pointed at synthetic shards on the emulated store;
     on variable-length .bin fields (what make_shards writes), with 4 DataLoader workers and 10 epochs."""
-    code = readme_block("## Using it")
+    code = doc_block(GETTING_STARTED, "## Quick start")
     urls_line = re.compile(r'^urls = "[^"]*"(  #.*)?$', re.MULTILINE)
     assert len(urls_line.findall(code)) == 1, "the example's urls line changed: update this test"
     code = urls_line.sub(lambda m: f"urls = {pattern!r}", code)
-    namespace: dict[str, object] = {"__name__": "readme_example"}
+    namespace: dict[str, object] = {"__name__": "quick_start_example"}
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        exec(compile(code, str(README), "exec"), namespace)  # our README's example is the point
+        exec(compile(code, str(GETTING_STARTED), "exec"), namespace)  # our documented example is the point
     inputs, labels = namespace["inputs"], namespace["labels"]
     assert isinstance(inputs, torch.Tensor) and inputs.dtype == torch.uint8 and inputs.ndim == 2
     assert isinstance(labels, torch.Tensor) and labels.dtype == torch.int64 and len(labels) == len(inputs)
@@ -166,8 +167,8 @@ def test_readme_using_it_example_runs_as_written(pattern: str, manifest: dict[st
     assert stats["bytes_read"] == manifest["total_bytes"] and stats["mb_per_s"] > 0
 
 
-def test_readme_default_collation_names_the_field(pattern: str) -> None:
-    """What the README says ``.batched(64)`` alone does on these variable-length fields."""
+def test_documented_default_collation_names_the_field(pattern: str) -> None:
+    """What the quick start says ``.batched(64)`` alone does on these variable-length fields."""
     ds = wds.WebDataset(pattern).decode().to_tuple("bin", "cls").map_tuple(
         lambda b: torch.frombuffer(bytearray(b), dtype=torch.uint8), int).batched(64)
     with pytest.raises(ValueError, match=r"cannot batch tuple field 0: shapes differ, \(\d+,\) in sample 0 and "
