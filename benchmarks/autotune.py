@@ -31,8 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.make_shards import make_shards
-from benchmarks.store import Knobs
-from benchmarks.store_process import StoreProcess
+from emustore import Knobs, StoreProcess
 
 MB = 1e6
 

@@ -30,8 +30,7 @@ import psutil
 
 import wds_async as wds
 from benchmarks.make_shards import make_shards, parse_size
-from benchmarks.store import Knobs
-from benchmarks.store_process import StoreProcess
+from emustore import Knobs, StoreProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 

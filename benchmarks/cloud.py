@@ -35,8 +35,8 @@ from typing import Any
 
 import psutil
 
-from benchmarks import emulators
 from benchmarks.make_shards import make_shards, parse_size
+from emustore import emulators
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -181,8 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for case in args.cases.split(","):
         paths = _shards(args.dir, case)
         if case == "http":
-            from benchmarks.store import Knobs
-            from benchmarks.store_process import StoreProcess
+            from emustore import Knobs, StoreProcess
 
             with StoreProcess(args.dir / case, Knobs()) as store:
                 urls = [store.url(Path(path).name) for path in paths]

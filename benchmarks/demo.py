@@ -17,8 +17,7 @@ from pathlib import Path
 import psutil
 
 from benchmarks.make_shards import make_shards, parse_size
-from benchmarks.store import Knobs
-from benchmarks.store_process import StoreProcess
+from emustore import Knobs, StoreProcess
 from wds_async.cli.bench.run import format_table, run_bench
 from wds_async.urls import expand_urls
 

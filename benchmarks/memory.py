@@ -18,8 +18,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.make_shards import make_shards
-from benchmarks.store import Knobs
-from benchmarks.store_process import StoreProcess
+from emustore import Knobs, StoreProcess
 
 CHILD = r"""
 import json, resource, sys, time

@@ -26,8 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.make_shards import make_shards, parse_size
-from benchmarks.store import Knobs
-from benchmarks.store_process import StoreProcess
+from emustore import Knobs, StoreProcess
 from wds_async.cli.bench.peers import peer_names
 from wds_async.cli.bench.peers._report import format_peers_table, plot_peers
 from wds_async.cli.bench.run import run_bench

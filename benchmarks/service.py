@@ -37,8 +37,7 @@ from typing import Any
 import psutil
 
 from benchmarks.make_shards import make_shards, parse_size
-from benchmarks.store import Knobs
-from benchmarks.store_process import StoreProcess
+from emustore import Knobs, StoreProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 

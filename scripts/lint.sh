@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/ruff ] && [ -x .venv/bin/mypy ] && [ -x .venv/bin/lint-imports ] && [ -x .venv/bin/mkdocs ] \
     || bash scripts/install.sh dev
-.venv/bin/ruff check wds_async backends tests benchmarks examples
+.venv/bin/ruff check wds_async backends tests benchmarks examples emustore
 .venv/bin/mypy
 .venv/bin/lint-imports
 if [ -f mkdocs.yml ]; then

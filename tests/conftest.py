@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.make_shards import make_shards
-from benchmarks.store import Knobs
-from benchmarks.store_process import StoreProcess
+from emustore import Knobs, StoreProcess
 from tests.emulators import azurite, gcs_emulator, moto_server, unavailable
 
 N_SHARDS = 8

@@ -1,4 +1,4 @@
-"""The local cloud emulators for the backend tests (see :mod:`benchmarks.emulators`), with the policy:
+"""The local cloud emulators for the backend tests (see :mod:`emustore.emulators`), with the policy:
 a server that cannot start makes its tests skip with the reason, except under ``CI=true``, where that
 is a failure, because CI must exercise every backend.
 """
@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from benchmarks.emulators import (
+from emustore.emulators import (
     AZURITE_ACCOUNT,
     AZURITE_KEY,
     HOST,

@@ -1,4 +1,4 @@
-"""The contract suite for ``http://`` against the emulated store (benchmarks/store.py) on 127.0.0.1.
+"""The contract suite for ``http://`` against the emulated store (emustore) on 127.0.0.1.
 
 The store's plain face serves a folder with Range, ETag and ``If-Match``; plain http(s) has no listing
 API, so the glob cases check that ``list()`` refuses and skip (``lists=False``).
@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.store import Knobs
-from benchmarks.store_process import StoreProcess
+from emustore import Knobs, StoreProcess
 from tests.backends.contract import BackendContract, ContractEnv
 from wds_async.backends.http import HttpBackend
 

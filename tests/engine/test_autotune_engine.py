@@ -11,8 +11,7 @@ import pytest
 
 import wds_async as wds
 from benchmarks.make_shards import make_shards
-from benchmarks.store import Knobs
-from benchmarks.store_process import StoreProcess
+from emustore import Knobs, StoreProcess
 
 MiB = 1 << 20
 TOTAL = 592  # samples in the 40 shards make_shards writes with seed 41 (checked from local files below)

@@ -15,8 +15,7 @@ import pytest
 
 import wds_async as wds
 from benchmarks.make_shards import make_shards
-from benchmarks.store import Knobs
-from benchmarks.store_process import StoreProcess
+from emustore import Knobs, StoreProcess
 from tests.conftest import sample_digest
 from wds_async.cache.disk import ShardCache, make_cache
 

@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 import wds_async as wds
-from benchmarks.store_process import StoreProcess
+from emustore import StoreProcess
 from tests.conftest import N_SHARDS
 
 

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.make_shards import make_shards
-from benchmarks.store import Knobs
-from benchmarks.store_process import StoreProcess
+from emustore import Knobs, StoreProcess
 
 MiB = 1 << 20
 BUDGET = 32 * MiB

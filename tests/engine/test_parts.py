@@ -13,8 +13,7 @@ import pytest
 
 import wds_async as wds
 from benchmarks.make_shards import make_shards
-from benchmarks.store import Knobs
-from benchmarks.store_process import StoreProcess
+from emustore import Knobs, StoreProcess
 from tests.conftest import sample_digest
 
 MiB = 1 << 20

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 import wds_async as wds
-from benchmarks.store_process import StoreProcess
+from emustore import StoreProcess
 from tests.conftest import sample_digest
 from wds_async.backends.file import FileBackend
 from wds_async.io.backend import ByteStream, ObjectIdentity
@@ -30,7 +30,7 @@ def test_faults_deliver_the_same_samples_as_a_clean_run(store: StoreProcess, pat
 
 def test_gzipped_shard_resumes_mid_stream(tmp_path: Path) -> None:
     from benchmarks.make_shards import make_shards
-    from benchmarks.store import Knobs
+    from emustore import Knobs
 
     make_shards(tmp_path, n_shards=2, shard_bytes=256 << 10, sample_bytes=8 << 10, seed=3, gz=True)
     with StoreProcess(tmp_path, Knobs()) as server:

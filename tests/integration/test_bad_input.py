@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import wds_async as wds
-from benchmarks.store_process import StoreProcess
+from emustore import StoreProcess
 from tests.conftest import write_tar
 
 FAST_RETRY = wds.RetryPolicy(attempts=2, base_delay=0.0, max_delay=0.01, deadline=5)

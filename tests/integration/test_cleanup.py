@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 import wds_async as wds
-from benchmarks.store_process import StoreProcess
+from emustore import StoreProcess
 from tests.conftest import engine_threads, open_fds, wait_until
 
 _children_before: set[int] = set()

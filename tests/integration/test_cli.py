@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.store_process import StoreProcess
+from emustore import StoreProcess
 
 #: The console script pip installed beside this interpreter (``python -m wds_async.cli`` where there is none).
 _SCRIPT = Path(sys.executable).with_name("wds-async")

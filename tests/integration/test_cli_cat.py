@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.store_process import StoreProcess
+from emustore import StoreProcess
 from tests.conftest import N_SHARDS, write_tar
 from tests.integration.test_cli import CLI, _one_line_error, _run
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.store_process import StoreProcess
+from emustore import StoreProcess
 from tests.conftest import N_SHARDS, wait_until, write_tar
 from tests.integration.test_cli import CLI, _run
 from wds_async.cli.main import main

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import wds_async as wds
-from benchmarks.store_process import StoreProcess
+from emustore import StoreProcess
 
 SHARD = "shard-000000.tar"
 READ = ("import sys, wds_async\n"

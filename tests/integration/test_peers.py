@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.make_shards import make_shards
-from benchmarks.store_process import StoreProcess
+from emustore import StoreProcess
 from wds_async.cli.bench.peers import PEERS, Peer
 from wds_async.cli.bench.peers._run import PeerJob
 

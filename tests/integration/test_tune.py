@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.store_process import StoreProcess
+from emustore import StoreProcess
 from wds_async.cli.tune.recommend import TuneResult, tune
 
 CLI = [sys.executable, "-m", "wds_async.cli"]

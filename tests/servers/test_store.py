@@ -22,8 +22,7 @@ import psutil
 import pytest
 
 from benchmarks.make_shards import MANIFEST, make_shards, parse_size
-from benchmarks.store import Knobs, check_host, start_store
-from benchmarks.store_process import StoreProcess
+from emustore import Knobs, StoreProcess, check_host, start_store
 
 SHARD = "shard-000000.tar"
 SECRET = b"top secret, outside the root"
@@ -575,7 +574,7 @@ def test_parse_size_rejects_junk() -> None:
 
 def test_orphaned_store_exits_by_itself(root: Path) -> None:
     """A test run killed with SIGKILL cannot clean up; the store notices it was orphaned and exits."""
-    code = ("import sys, time; from benchmarks.store_process import StoreProcess; "
+    code = ("import sys, time; from emustore import StoreProcess; "
             "s = StoreProcess(sys.argv[1]); s.start(); print(s.pid, flush=True); time.sleep(60)")
     parent = subprocess.Popen([sys.executable, "-c", code, str(root)], stdout=subprocess.PIPE,
                               cwd=Path(__file__).resolve().parents[2])

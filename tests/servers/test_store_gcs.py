@@ -25,8 +25,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 
 from benchmarks.make_shards import make_shards
-from benchmarks.store import Knobs
-from benchmarks.store_process import StoreProcess
+from emustore import Knobs, StoreProcess
 
 DATA = "data"  # the bucket that holds the generated shards
 SHARD = "shard-000000.tar"

@@ -28,8 +28,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
 from benchmarks.make_shards import make_shards
-from benchmarks.store import Knobs
-from benchmarks.store_process import StoreProcess
+from emustore import Knobs, StoreProcess
 
 DATA = "data"  # the bucket that holds the generated shards
 SHARD = "shard-000000.tar"

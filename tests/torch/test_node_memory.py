@@ -16,8 +16,7 @@ import time
 from pathlib import Path
 
 from benchmarks.make_shards import make_shards
-from benchmarks.store import Knobs
-from benchmarks.store_process import StoreProcess
+from emustore import Knobs, StoreProcess
 
 MiB = 1 << 20
 RANKS = 4

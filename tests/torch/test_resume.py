@@ -21,8 +21,7 @@ import pytest
 
 import wds_async as wds
 from benchmarks.make_shards import make_shards
-from benchmarks.store import Knobs
-from benchmarks.store_process import StoreProcess
+from emustore import Knobs, StoreProcess
 
 CHILD = str(Path(__file__).with_name("resume_child.py"))
 REPO = str(Path(__file__).resolve().parents[2])

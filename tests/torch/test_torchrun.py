@@ -34,8 +34,7 @@ import psutil
 import pytest
 
 import wds_async as wds
-from benchmarks.store import Knobs
-from benchmarks.store_process import StoreProcess
+from emustore import Knobs, StoreProcess
 from wds_async.data.plan import shard_order
 
 if TYPE_CHECKING:

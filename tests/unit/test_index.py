@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.make_shards import make_shards
-from benchmarks.store import Knobs
-from benchmarks.store_process import StoreProcess
+from emustore import Knobs, StoreProcess
 from wds_async import ShardEntry, ShardIndex, ShardWriter, build_index
 from wds_async.errors import NotFound, ShardFormatError
 from wds_async.index.format import url_key

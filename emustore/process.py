@@ -1,4 +1,4 @@
-"""Run the emulated store (:mod:`benchmarks.store`) in a child process for tests and benchmarks.
+"""Run the emulated store (:mod:`emustore.server`) in a child process for tests and benchmarks.
 
     with StoreProcess(root, Knobs(ttfb=0.05)) as store:
         store.url("shard-000000.tar", bw=20e6)   # per-request knobs as query parameters
@@ -27,7 +27,7 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from benchmarks.store import CA_FILE, Knobs, check_host
+from emustore.server import CA_FILE, Knobs, check_host
 
 if TYPE_CHECKING:
     from typing import Self
@@ -40,7 +40,7 @@ _REPO_ROOT = str(Path(__file__).resolve().parent.parent)
 class StoreProcess:
     """Run the store in a child process for the duration of a ``with`` block.
 
-    The child is started with ``sys.executable -m benchmarks.store`` from the repository root and is
+    The child is started with ``sys.executable -m emustore`` from the repository root and is
     terminated (then killed after 3 s) on exit; it also exits by itself if this process dies.
 
     With ``https=True`` it serves TLS; ``ca_file`` is then the PEM of the CA that signed the server's
@@ -84,7 +84,7 @@ class StoreProcess:
         port_file = os.path.join(self._tmp, "port")
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_REPO_ROOT, env.get("PYTHONPATH")]))
-        cmd = [sys.executable, "-m", "benchmarks.store", "--root", str(self.root), "--host", self.host,
+        cmd = [sys.executable, "-m", "emustore", "--root", str(self.root), "--host", self.host,
                "--port", "0", "--port-file", port_file, "--exit-with-parent", *self.knobs.to_args()]
         if self.verbose:
             cmd.append("--verbose")

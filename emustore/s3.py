@@ -2,8 +2,8 @@
 
 `S3.route` picks the operation from the method, the path and S3's query parameters; the plain face
 (``GET/HEAD /path``, ``GET /?list``) shares its paths and its handlers. Objects are read and written
-through the file layer (:mod:`benchmarks.store_objects`), their bytes sent by the paced path
-(:mod:`benchmarks.store_serve`), and answers written in S3's XML (:mod:`benchmarks.store_s3_wire`).
+through the file layer (:mod:`emustore.objects`), their bytes sent by the paced path
+(:mod:`emustore.sender`), and answers written in S3's XML (:mod:`emustore.s3_wire`).
 Multipart uploads stage their parts in the file layer until completed or aborted.
 """
 
@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 from aiohttp import web
 
-from benchmarks.store_http import (
+from emustore.http import (
     META,
     OBJECT,
     WRITE,
@@ -31,16 +31,16 @@ from benchmarks.store_http import (
     not_implemented,
     read_body,
 )
-from benchmarks.store_knobs import LISTING, Plan
-from benchmarks.store_listing import (
+from emustore.knobs import LISTING, Plan
+from emustore.listing import (
     decode_token,
     encode_token,
     holds_file,
     list_page,
     walk_keys,
 )
-from benchmarks.store_objects import Files, collision, concat, etag_for, safe_parts
-from benchmarks.store_s3_wire import (
+from emustore.objects import Files, collision, concat, etag_for, safe_parts
+from emustore.s3_wire import (
     check_decoded_length,
     checksums,
     child_text,
@@ -53,7 +53,7 @@ from benchmarks.store_s3_wire import (
     url_encode,
     xml_response,
 )
-from benchmarks.store_serve import Sender
+from emustore.sender import Sender
 
 __all__ = ["S3", "S3_QUERY", "S3_UNSUPPORTED"]
 

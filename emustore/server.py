@@ -2,8 +2,8 @@
 
 It stands in for S3/GCS/Azure in tests and benchmarks, with faults and slowness injected by knobs::
 
-    python -m benchmarks.store --root DIR --port 0 --bw 20e6 --ttfb 0.05 --port-file PORT
-    python -m benchmarks.store --root DIR --https --cert-dir CERTS   # TLS; clients trust CERTS/ca.pem
+    python -m emustore --root DIR --port 0 --bw 20e6 --ttfb 0.05 --port-file PORT
+    python -m emustore --root DIR --https --cert-dir CERTS   # TLS; clients trust CERTS/ca.pem
 
     with StoreProcess(root, knobs=Knobs(fail_rate=0.1)) as store:
         store.url("shard-000000.tar", ttfb=0.05, bw=20e6)   # per-request overrides in the query
@@ -58,11 +58,11 @@ it when complete; multipart parts and resumable sessions wait in ROOT/.wds-uploa
 ``.wds-`` are never listed nor served.
 
 One job per module, imported downward only (this entry point imports the faces, the faces the layers
-under them): ``store`` routes a request to its face, applies its knobs and answers ``/_stats``;
-``store_knobs`` holds `Knobs` and one request's plan; ``store_http`` routed calls, error answers and
-request bodies; ``store_objects`` the file layer; ``store_listing`` sorted pages of keys;
-``store_serve`` the paced GET/HEAD of an object; ``store_s3`` and ``store_s3_wire`` the S3 and plain
-faces; ``store_gcs``, ``store_gcs_json`` and ``store_gcs_upload`` the GCS face.
+under them): ``server`` routes a request to its face, applies its knobs and answers ``/_stats``;
+``knobs`` holds `Knobs` and one request's plan; ``http`` routed calls, error answers and request
+bodies; ``objects`` the file layer; ``listing`` sorted pages of keys; ``sender`` the paced GET/HEAD of
+an object; ``s3`` and ``s3_wire`` the S3 and plain faces; ``gcs``, ``gcs_json`` and ``gcs_upload`` the
+GCS face. The package's docstring (:mod:`emustore`) is the map of the whole package.
 """
 
 from __future__ import annotations
@@ -84,14 +84,14 @@ from typing import Any
 
 from aiohttp import web
 
-from benchmarks.store_gcs import GCS_ROOTS, Gcs
-from benchmarks.store_gcs_json import gcs_error
-from benchmarks.store_http import CONTINUED, OBJECT, WRITE, StoreError, expects_continue
-from benchmarks.store_knobs import Knobs, Plan, plan_for
-from benchmarks.store_objects import Files
-from benchmarks.store_s3 import S3, S3_QUERY, S3_UNSUPPORTED
-from benchmarks.store_s3_wire import SLOW_DOWN_XML, s3_error
-from benchmarks.store_serve import Sender
+from emustore.gcs import GCS_ROOTS, Gcs
+from emustore.gcs_json import gcs_error
+from emustore.http import CONTINUED, OBJECT, WRITE, StoreError, expects_continue
+from emustore.knobs import Knobs, Plan, plan_for
+from emustore.objects import Files
+from emustore.s3 import S3, S3_QUERY, S3_UNSUPPORTED
+from emustore.s3_wire import SLOW_DOWN_XML, s3_error
+from emustore.sender import Sender
 
 __all__ = ["CA_FILE", "Knobs", "check_host", "main", "server_tls", "start_store"]
 
@@ -319,7 +319,7 @@ async def _run_server(args: argparse.Namespace, knobs: Knobs, context: ssl.SSLCo
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.store", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m emustore", description=__doc__.split("\n")[0])
     p.add_argument("--root", required=True, help="folder to serve (its subfolders are the buckets)")
     p.add_argument("--host", default="127.0.0.1", help="loopback address to bind (127.0.0.0/8 only)")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port")

@@ -1,7 +1,7 @@
 """The emulated store's knobs: `Knobs`, how one server misbehaves, and `Plan`, one request's knobs.
 
 Query parameters named like a knob override it for one request; ``status``, ``stall``, ``stall_rate``
-and ``html`` exist per request only, ``total_bw`` per server only. :mod:`benchmarks.store` documents
+and ``html`` exist per request only, ``total_bw`` per server only. :mod:`emustore.server` documents
 what each knob does.
 """
 

@@ -15,8 +15,8 @@ from urllib.parse import quote
 
 from aiohttp import web
 
-from benchmarks.store_http import StoreError, iso
-from benchmarks.store_objects import TYPES, Digests, etag_for
+from emustore.http import StoreError, iso
+from emustore.objects import TYPES, Digests, etag_for
 
 __all__ = ["check_generation", "file_generation", "gcs_error", "goog_hash", "json_body", "object_json",
            "parse_goog_hash"]

@@ -15,9 +15,9 @@ from collections.abc import Mapping
 
 from aiohttp import web
 
-from benchmarks.store_http import StoreError
-from benchmarks.store_knobs import Plan
-from benchmarks.store_objects import TYPES, StoredObject
+from emustore.http import StoreError
+from emustore.knobs import Plan
+from emustore.objects import TYPES, StoredObject
 
 __all__ = ["Sender"]
 

@@ -20,14 +20,14 @@ from urllib.parse import quote
 
 from aiohttp import BodyPartReader, web
 
-from benchmarks.store_gcs_json import (
+from emustore.gcs_json import (
     check_generation,
     file_generation,
     json_body,
     object_json,
     parse_goog_hash,
 )
-from benchmarks.store_http import (
+from emustore.http import (
     BODY_CHUNK,
     BODY_ERRORS,
     WRITE,
@@ -37,8 +37,8 @@ from benchmarks.store_http import (
     read_body,
     send_continue,
 )
-from benchmarks.store_knobs import Plan
-from benchmarks.store_objects import Files, file_digests, unlink_quiet
+from emustore.knobs import Plan
+from emustore.objects import Files, file_digests, unlink_quiet
 
 __all__ = ["GcsUploads"]
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from aiohttp import web
 
-from benchmarks.store_http import BODY_ERRORS, StoreError, send_continue
+from emustore.http import BODY_ERRORS, StoreError, send_continue
 
 __all__ = [
     "HIDDEN", "TYPES", "Digests", "Files", "StoredObject", "collision", "concat", "etag_for", "file_digests",

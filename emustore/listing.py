@@ -11,8 +11,8 @@ import base64
 import os
 from bisect import bisect_right
 
-from benchmarks.store_http import StoreError
-from benchmarks.store_objects import HIDDEN
+from emustore.http import StoreError
+from emustore.objects import HIDDEN
 
 __all__ = ["decode_token", "encode_token", "holds_file", "list_page", "walk_keys"]
 

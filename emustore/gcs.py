@@ -3,9 +3,9 @@ call it.
 
 `Gcs.route` serves buckets (list, get, insert, delete), object metadata, listing and delete, and media
 downloads (``?alt=media`` on the object, or ``/download/storage/v1/...``) through the paced path
-(:mod:`benchmarks.store_serve`) with ``x-goog-hash`` and ``x-goog-generation``; ``/upload/storage/v1/``
-goes to the uploads (:mod:`benchmarks.store_gcs_upload`). The JSON itself is in
-:mod:`benchmarks.store_gcs_json`.
+(:mod:`emustore.sender`) with ``x-goog-hash`` and ``x-goog-generation``; ``/upload/storage/v1/``
+goes to the uploads (:mod:`emustore.gcs_upload`). The JSON itself is in
+:mod:`emustore.gcs_json`.
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ from urllib.parse import quote
 
 from aiohttp import web
 
-from benchmarks.store_gcs_json import (
+from emustore.gcs_json import (
     check_generation,
     file_generation,
     goog_hash,
     json_body,
     object_json,
 )
-from benchmarks.store_gcs_upload import GcsUploads
-from benchmarks.store_http import (
+from emustore.gcs_upload import GcsUploads
+from emustore.http import (
     META,
     OBJECT,
     WRITE,
@@ -40,16 +40,16 @@ from benchmarks.store_http import (
     not_implemented,
     read_body,
 )
-from benchmarks.store_knobs import Plan
-from benchmarks.store_listing import (
+from emustore.knobs import Plan
+from emustore.listing import (
     decode_token,
     encode_token,
     holds_file,
     list_page,
     walk_keys,
 )
-from benchmarks.store_objects import Files, StoredObject, finished, safe_parts
-from benchmarks.store_serve import Sender
+from emustore.objects import Files, StoredObject, finished, safe_parts
+from emustore.sender import Sender
 
 __all__ = ["GCS_ROOTS", "Gcs"]
 

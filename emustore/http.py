@@ -1,7 +1,7 @@
 """What the emulated store's core and its faces share: routed calls, error answers, request bodies.
 
 A face routes a request to a `Call`: the handler that answers it and its kind, `OBJECT`, `META` or
-`WRITE`, which decides the knobs that the core applies first (:mod:`benchmarks.store`). A handler
+`WRITE`, which decides the knobs that the core applies first (:mod:`emustore.server`). A handler
 raises `StoreError` for an error answer; the request's face renders it (S3's XML, GCS's JSON). A body
 is read only after ``Expect: 100-continue`` was answered: boto3 and Go clients wait for it.
 """
@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from benchmarks.store_knobs import Plan
+from emustore.knobs import Plan
 
 __all__ = [
     "BODY_CHUNK", "BODY_ERRORS", "CONTINUED", "META", "OBJECT", "WRITE", "Call", "Handler", "StoreError",

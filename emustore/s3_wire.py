@@ -13,8 +13,8 @@ from xml.sax.saxutils import escape
 
 from aiohttp import StreamReader, web
 
-from benchmarks.store_http import BODY_CHUNK, StoreError
-from benchmarks.store_objects import unlink_quiet
+from emustore.http import BODY_CHUNK, StoreError
+from emustore.objects import unlink_quiet
 
 __all__ = [
     "SLOW_DOWN_XML", "check_decoded_length", "checksums", "child_text", "element", "listed_parts",
