@@ -26,6 +26,7 @@ second HTTP stack (requests/urllib3 with its own pool, sockets and retry policy)
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import logging
 import os
@@ -35,7 +36,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import quote, unquote, urlencode, urlsplit
 
@@ -44,10 +45,10 @@ from azure.core.exceptions import ClientAuthenticationError
 from azure.storage.blob import BlobSasPermissions, ContainerSasPermissions, generate_blob_sas, generate_container_sas
 
 from wds_async.errors import BackendError, PermissionDenied, TransientError, UrlError
+from wds_async.io.backend import ByteStream, ObjectIdentity, glob_prefix, glob_regex, status_error
 from wds_async.urls import redact_url
 
 from ._errors import map_aiohttp_errors
-from wds_async.io.backend import ByteStream, ObjectIdentity, glob_prefix, glob_regex, status_error
 from .http import HttpBackend
 
 __all__ = ["AzureBackend", "parse_connection_string"]
@@ -110,8 +111,9 @@ def parse_url(url: str) -> _Target:
 class AzureBackend(HttpBackend):
     """Ranged Blob GETs authorised by a cached SAS (account key or given), a bearer token, or nothing."""
 
-    #: The store's API serves byte ranges on every object, whether or not an answer says Accept-Ranges.
-    ranges_guaranteed = True
+    #: The store's API serves byte ranges on every object, whether or not an answer says Accept-Ranges, and
+    #: lists objects by prefix.
+    capabilities = dataclasses.replace(HttpBackend.capabilities, ranges_guaranteed=True, listing=True)
 
     def __init__(self, *, connection_string: str | None = None, account_name: str | None = None,
                  account_key: str | None = None, sas_token: str | None = None, credential: Any = None,
@@ -182,7 +184,7 @@ class AzureBackend(HttpBackend):
 
     def _signed(self, container: str, blob: str | None) -> str:
         """A read (and, for a container, list) SAS signed with the account key; cached until near expiry."""
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         hit = self._sas_cache.get((container, blob))
         if hit is not None and (hit[1] - now).total_seconds() > REFRESH_MARGIN:
             return hit[0]

@@ -23,8 +23,7 @@ from aiofiles.threadpool.binary import AsyncFileIO
 
 from wds_async._aio import Inflight, close_file, open_file
 from wds_async.errors import BackendError, NotFound, PermissionDenied, UrlError
-
-from wds_async.io.backend import ByteStream, ObjectIdentity
+from wds_async.io.backend import ByteStream, Capabilities, ObjectIdentity
 
 __all__ = ["FileBackend", "local_path"]
 
@@ -86,7 +85,7 @@ class FileBackend:
     def __init__(self, *, chunk_bytes: int = 1 << 20) -> None:
         self.chunk_bytes = chunk_bytes
         #: One read in flight per open file, counted in the engine's budget while the file is open.
-        self.buffer_allowance = chunk_bytes
+        self.capabilities = Capabilities(listing=True, buffer_allowance=chunk_bytes)
 
     @asynccontextmanager
     async def open(self, url: str, *, start: int = 0, end: int | None = None) -> AsyncIterator[ByteStream]:

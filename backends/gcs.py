@@ -26,6 +26,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -40,10 +41,10 @@ import google.auth.exceptions
 import google.auth.transport.requests
 
 from wds_async.errors import NotFound, PermissionDenied, TransientError, UrlError, WdsError
+from wds_async.io.backend import ObjectIdentity, glob_prefix, glob_regex
 from wds_async.urls import redact_url
 
 from ._errors import map_aiohttp_errors
-from wds_async.io.backend import ObjectIdentity, glob_prefix, glob_regex
 from .http import HttpBackend
 
 __all__ = ["GcsBackend", "parse_gs_url", "resolve_access"]
@@ -91,8 +92,9 @@ def _refresh(credentials: google.auth.credentials.Credentials) -> None:
 class GcsBackend(HttpBackend):
     """Streams ``gs://`` objects with ranged JSON API media downloads."""
 
-    #: The store's API serves byte ranges on every object, whether or not an answer says Accept-Ranges.
-    ranges_guaranteed = True
+    #: The store's API serves byte ranges on every object, whether or not an answer says Accept-Ranges, and
+    #: lists objects by prefix.
+    capabilities = dataclasses.replace(HttpBackend.capabilities, ranges_guaranteed=True, listing=True)
 
     def __init__(self, *, endpoint_url: str | None = None, anonymous: bool = False,
                  credentials: google.auth.credentials.Credentials | None = None, **kwargs: Any) -> None:

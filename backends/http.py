@@ -25,10 +25,10 @@ from contextlib import asynccontextmanager
 import aiohttp
 
 from wds_async.errors import BackendError, TransientError
+from wds_async.io.backend import ByteStream, Capabilities, ObjectIdentity, check_http_url, status_error
 from wds_async.urls import redact_text, redact_url
 
 from ._errors import map_aiohttp_errors
-from wds_async.io.backend import ByteStream, ObjectIdentity, check_http_url, status_error
 
 __all__ = ["HttpBackend"]
 
@@ -66,12 +66,12 @@ _SOCKET_READ = 256 << 10
 class HttpBackend:
     """Streams http(s) objects with ranged GETs on a shared aiohttp session."""
 
-    #: Bytes one open response may hold outside the engine's counters, which the engine counts in its
-    #: byte budget while the response is open: aiohttp's buffer (up to twice READ_BUFSIZE plus one socket
-    #: read) and one more socket read for the chunk a reader takes just after its budget check.
-    buffer_allowance = 2 * READ_BUFSIZE + 2 * _SOCKET_READ
     #: ``open(..., expect=identity)`` makes the request conditional on that version (see ``conditions``).
-    conditional_reads = True
+    #: The buffer allowance is what one open response may hold outside the engine's counters, which the engine
+    #: counts in its byte budget while the response is open: aiohttp's buffer (up to twice READ_BUFSIZE plus
+    #: one socket read) and one more socket read for the chunk a reader takes just after its budget check.
+    #: A plain server may ignore Range (so ranges are not guaranteed) and has no list API.
+    capabilities = Capabilities(conditional_reads=True, buffer_allowance=2 * READ_BUFSIZE + 2 * _SOCKET_READ)
 
     def __init__(
         self,

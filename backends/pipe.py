@@ -23,8 +23,7 @@ from contextlib import asynccontextmanager, suppress
 from typing import IO
 
 from wds_async.errors import BackendError, NotFound, PipeError, UrlError
-
-from wds_async.io.backend import ByteStream
+from wds_async.io.backend import ByteStream, Capabilities
 
 __all__ = ["PipeBackend", "pipe_command", "pipes_allowed"]
 
@@ -68,12 +67,13 @@ class PipeBackend:
 
     #: A command's output has no ranges: a start offset is reached by reading and discarding, so a shard
     #: is never split into concurrent parts.
-    ranged_reads = False
+    capabilities: Capabilities
 
     def __init__(self, *, chunk_bytes: int = 1 << 20, kill_grace: float = 1.0, allow_pipe: bool | None = None
                  ) -> None:
         self.chunk_bytes = chunk_bytes
-        self.buffer_allowance = chunk_bytes  # one read in flight per command, counted in the byte budget
+        # One read in flight per command, counted in the byte budget.
+        self.capabilities = Capabilities(ranged_reads=False, buffer_allowance=chunk_bytes)
         self.kill_grace = kill_grace
         self.allow_pipe = allow_pipe
 
@@ -157,7 +157,7 @@ class PipeBackend:
                 try:
                     await asyncio.wait_for(proc.wait(), self.kill_grace)
                     break
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     continue
         with suppress(ProcessLookupError):
             await proc.wait()

@@ -23,6 +23,7 @@ credential source botocore used (``env``, ``shared-credentials-file``, ``assume-
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import re
 from collections.abc import AsyncIterator, Callable
@@ -37,9 +38,9 @@ from botocore import UNSIGNED
 from botocore.config import Config
 
 from wds_async.errors import BackendError, PermissionDenied, TransientError, UrlError
+from wds_async.io.backend import ByteStream, ObjectIdentity, glob_prefix, glob_regex, status_error
 from wds_async.urls import redact_text
 
-from wds_async.io.backend import ByteStream, ObjectIdentity, glob_prefix, glob_regex, status_error
 from .http import HttpBackend
 
 __all__ = ["S3Backend", "WrongRegion", "make_client", "split_s3_url"]
@@ -65,8 +66,9 @@ def split_s3_url(url: str) -> tuple[str, str]:
 class S3Backend(HttpBackend):
     """Streams S3 (and S3-compatible) objects with presigned, ranged GETs."""
 
-    #: The store's API serves byte ranges on every object, whether or not an answer says Accept-Ranges.
-    ranges_guaranteed = True
+    #: The store's API serves byte ranges on every object, whether or not an answer says Accept-Ranges, and
+    #: lists objects by prefix.
+    capabilities = dataclasses.replace(HttpBackend.capabilities, ranges_guaranteed=True, listing=True)
 
     def __init__(self, *, endpoint_url: str | None = None, region: str | None = None, profile: str | None = None,
                  anonymous: bool = False, **kwargs: Any) -> None:
@@ -164,7 +166,7 @@ class S3Backend(HttpBackend):
         if response.method != "HEAD":
             try:
                 body = await response.content.read(4096)
-            except (aiohttp.ClientError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientError):
                 pass
         code = _xml(body, "Code") or str(response.status)
         region = response.headers.get("x-amz-bucket-region") or _xml(body, "Region")

@@ -8,7 +8,7 @@ cancellation mid-stream releasing the connection, and end-to-end use through ``W
 and 2 DataLoader workers.
 
 A case that does not apply to a source is skipped with the reason, decided by what the backend declares
-(``conditional_reads``) or by the env's flags (``lists``, ``sized``, ``ranged``, ``honours_preconditions``);
+(``capabilities_of(backend).conditional_reads``) or by the env's flags (``lists``, ``sized``, ``ranged``, ``honours_preconditions``);
 where the source answers otherwise (no listing, no size), the suite checks that answer instead.
 """
 
@@ -30,7 +30,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 import wds_async as wds
-from wds_async.io.backend import ObjectIdentity
+from wds_async.io.backend import ObjectIdentity, capabilities_of
 from wds_async.io.reader import RangeReader
 
 DATA = os.urandom(300_000)
@@ -171,7 +171,7 @@ class BackendContract:
         version seen reads as before, another one is a 412, which is ObjectChanged."""
         backend = env.make_backend()
         try:
-            if not getattr(backend, "conditional_reads", False):
+            if not capabilities_of(backend).conditional_reads:
                 pytest.skip("this backend checks identities after the answer only")
             async with backend.open(data_url, start=0, end=10) as stream:
                 seen = stream.identity

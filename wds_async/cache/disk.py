@@ -192,7 +192,7 @@ class ShardCache:
                 if conflict:
                     log.info("cache: %s changed in the store (%s); refetching it", redact_url(url), conflict)
                     os.close(fd)
-                    await asyncio.to_thread(self._drop, url)
+                    await asyncio.to_thread(self.drop, url)
                     return None
         except BaseException:
             os.close(fd)
@@ -227,13 +227,13 @@ class ShardCache:
                 os.close(found[0])
                 unlock(fd)
                 return _RETRY
-            self._drop(url)  # whatever is there is not a complete copy (cut short, metadata lost): replaced
+            self.drop(url)  # whatever is there is not a complete copy (cut short, metadata lost): replaced
             return CacheFill(self, url, fd)
         except BaseException:
             unlock(fd)
             raise
 
-    def _drop(self, url: str) -> None:
+    def drop(self, url: str) -> None:
         """Forget the copy of ``url``: metadata first, so the data is untrusted before it goes."""
         unlink(self.path(url, ".json"))
         unlink(self.path(url))

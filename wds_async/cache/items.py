@@ -104,7 +104,7 @@ class _CopyReader:
     def __init__(self, hit: CacheHit) -> None:
         self.hit = hit
         self.files = FileBackend()
-        self.buffer_allowance = self.files.buffer_allowance
+        self.capabilities = self.files.capabilities
         by_fd = next((d for d in ("/proc/self/fd", "/dev/fd") if os.path.isdir(d)), None)
         self.path = f"{by_fd}/{hit.fd}" if by_fd else hit.path
 
@@ -116,6 +116,12 @@ class _CopyReader:
 
     async def size(self, url: str) -> int | None:
         return self.hit.identity.size
+
+    async def list(self, pattern: str) -> list[str]:
+        raise NotImplementedError("a cached copy is one object; globs are listed by the store's backend")
+
+    async def aclose(self) -> None:
+        await self.files.aclose()
 
 
 class CacheFill:

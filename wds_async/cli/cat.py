@@ -24,7 +24,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .common import positive, read_members, read_samples, shard_urls
+from ..engine.shard import MemberList, shard_samples
+from .common import positive, shard_urls
 
 __all__ = ["add_arguments", "command", "is_text"]
 
@@ -126,9 +127,9 @@ def command(args: argparse.Namespace) -> int:
         sys.stdout.write(line + "\n")
 
     show = _printer(args, keys, write)
-    read = read_samples if keys or args.samples else read_members
+    members = not (keys or args.samples)
     try:
-        run_private(lambda: _stream(urls[0], read, show, args.limit))
+        run_private(lambda: _stream(urls[0], members, show, args.limit))
     except ShardFormatError as exc:
         sys.stdout.flush()
         print(f"wds-async cat: error: {exc}; the shard is damaged or not a tar: re-create or re-upload it "
@@ -139,7 +140,7 @@ def command(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _stream(url: str, read: Any, show: Callable[[Any], None], limit: int | None) -> None:
+async def _stream(url: str, members: bool, show: Callable[[Any], None], limit: int | None) -> None:
     from contextlib import aclosing
 
     from ..config import EngineConfig
@@ -148,7 +149,7 @@ async def _stream(url: str, read: Any, show: Callable[[Any], None], limit: int |
     backends = BackendSet(EngineConfig(max_connections=1))
     shown = 0
     try:
-        async with aclosing(read(backends.for_url(url), url)) as batches:
+        async with aclosing(shard_samples(backends.for_url(url), url, grouper=MemberList() if members else None)) as batches:
             async for batch in batches:
                 for item in batch:
                     show(item)

@@ -19,17 +19,11 @@ error, not an exception group's traceback.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable, Sequence
-from contextlib import aclosing
-from typing import Any
+from collections.abc import Sequence
 
-from ..config import RetryPolicy
-from ..engine.grouping import Grouper
-from ..engine.tarstream import Member, TarParser
 from ..errors import WdsError
-from ..urls import redact_url
 
-__all__ = ["positive", "read_members", "read_samples", "shard_urls", "wds_error"]
+__all__ = ["positive", "shard_urls", "wds_error"]
 
 def positive(text: str) -> int:
     """An argparse ``type``: an integer of at least 1."""
@@ -61,43 +55,3 @@ def shard_urls(patterns: Sequence[str]) -> list[str]:
     for url in urls:
         validate_url(url)
     return expand_globs(urls)  # refuses an http(s) glob (listing.check_not_http_glob) before listing any
-
-
-async def read_members(backend: Any, url: str, *, policy: RetryPolicy | None = None,
-                       on_bytes: Callable[[int], None] | None = None) -> AsyncGenerator[list[Member], None]:
-    """Yield the members of ``url`` in archive order, in the lists each chunk completes. ``on_bytes(n)`` is
-    called for every chunk read. Raises :class:`~wds_async.errors.ShardFormatError` (truncated, not a tar)
-    after the last good member; closing the generator early closes the stream."""
-    from ..io.reader import RangeReader
-
-    reader = RangeReader(backend, url, policy=policy or RetryPolicy())
-    parser = TarParser(url=redact_url(url))
-    async with aclosing(reader.chunks()) as chunks:
-        async for chunk in chunks:
-            if on_bytes is not None:
-                on_bytes(len(chunk))
-            members = parser.feed(chunk)
-            if members:
-                yield members
-    parser.close()
-
-
-def _raise(error: WdsError) -> None:
-    raise error
-
-
-async def read_samples(backend: Any, url: str, *, policy: RetryPolicy | None = None,
-                       on_bytes: Callable[[int], None] | None = None,
-                       grouper: Any = None) -> AsyncGenerator[list[Any], None]:
-    """Yield the samples of ``url`` (webdataset's grouping; a repeated extension is a
-    :class:`~wds_async.errors.SampleError`), in the lists each chunk completes. ``grouper``: another object
-    with ``push(members)`` and ``finish()`` (``cp``'s, which keeps member names as they are)."""
-    grouper = grouper if grouper is not None else Grouper(redact_url(url), _raise)
-    async with aclosing(read_members(backend, url, policy=policy, on_bytes=on_bytes)) as members:
-        async for batch in members:
-            samples = grouper.push(batch)
-            if samples:
-                yield samples
-    last = grouper.finish()
-    if last:
-        yield last

@@ -20,7 +20,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .common import positive, read_samples, shard_urls
+from ..engine.shard import shard_samples
+from .common import positive, shard_urls
 
 __all__ = ["ShardReport", "add_arguments", "command"]
 
@@ -97,7 +98,7 @@ async def _verify_one(backends: Any, url: str, on_bytes: Callable[[int], None]) 
         on_bytes(n)
 
     try:
-        async with aclosing(read_samples(backends.for_url(url), url, on_bytes=count)) as batches:
+        async with aclosing(shard_samples(backends.for_url(url), url, on_bytes=count)) as batches:
             async for batch in batches:
                 report.samples += len(batch)
     except WdsError as exc:

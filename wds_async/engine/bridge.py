@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .._loop import new_event_loop
+from ..cache.source import source_for
 from ..config import EngineConfig
 from ..errors import EngineError
 from ..io import BackendSet
@@ -126,9 +127,11 @@ class Bridge:
             budget = ByteBudget(self._config.max_buffered_bytes)
             channel = SampleChannel(budget, ordered=self._config.deterministic)
             backends = BackendSet(self._config, self._backend_overrides, self._backend_options)
+            options = dict(self._engine_options)
+            source = source_for(options.pop("cache", None), self._config.retry, self._stats)
             engine = Engine(self._urls, backends=backends, channel=channel, config=self._config,
                             handler=self._handler, stats=self._stats, log_interval=self._log_interval,
-                            **self._engine_options)
+                            source=source, **options)
             self._channel = channel
         except BaseException as exc:
             self._startup_error = exc

@@ -35,16 +35,16 @@ import collections
 import logging
 import time
 from asyncio import TaskGroup
-from collections.abc import Callable, Iterable, Iterator, Sized
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sized
 from contextlib import aclosing
-from typing import Any
+from dataclasses import replace
 
-from ..cache.disk import FILL_WRITE_BYTES, CacheFill, CacheHit, Prechecks, ShardCache
 from ..config import EngineConfig
-from ..errors import SampleTooLarge, TruncatedShard, WdsError
-from ..io import BackendSet
+from ..errors import SampleTooLarge, ShardFormatError, WdsError
+from ..io import Backend, BackendSet
 from ..io.budget import ByteBudget
 from ..io.reader import RangeReader
+from ..io.source import ItemSource, OpenedItem, StoreSource
 from ..stats import Stats
 from ..urls import redact_url
 from .autotune import Autotuner
@@ -53,7 +53,7 @@ from .failures import leaves, pick, translate
 from .grouping import Grouper, Sample, sample_nbytes
 from .limiter import Limiter
 from .parts import PartedRead
-from .tarstream import TarParser
+from .shard import ShardParse, read_shard
 from .work import ItemDone, WorkItem
 
 __all__ = ["Engine", "Handler"]
@@ -62,12 +62,9 @@ log = logging.getLogger("wds_async")
 
 _GROUP = BaseExceptionGroup
 
-#: The byte-budget allowance of one open http(s) stream (``HttpBackend.buffer_allowance``): the engine
+#: The byte-budget allowance of one open http(s) stream (``HttpBackend.capabilities.buffer_allowance``): the engine
 #: allows at most as many streams as fit in half the budget.
 STREAM_ALLOWANCE = 640 << 10
-
-#: How many items ahead of the readers a shard cache's identity checks start (see ``Engine._items``).
-PRECHECK_AHEAD = 32
 
 #: ``handler(exc) -> bool``: True to skip and continue, False to stop, raise to propagate.
 Handler = Callable[[BaseException], bool]
@@ -100,17 +97,18 @@ class Engine:
         log_interval: float | None = None,
         select_files: Callable[[str], bool] | None = None,
         rename_files: Callable[[str], str] | None = None,
-        cache: ShardCache | None = None,
+        source: ItemSource | None = None,
         limiter: Limiter | None = None,
         yield_tokens: bool = False,
     ) -> None:
-        self.cache = cache
+        #: Where items' bytes come from: the store, or the shard cache wrapped around it (see io/source.py).
+        self.source: ItemSource = source if source is not None else StoreSource()
+        self._store_only = StoreSource()
         #: A limiter given by the caller is shared with other engines (the node service runs one engine per
         #: client over one node-wide limiter, tuned by its own autotuner): used as is, never autotuned here.
         self._shared_limiter = limiter
         #: Give the token back while waiting for room in the byte budget (see ``_wait_for_room``).
         self.yield_tokens = yield_tokens
-        self._prechecks: Prechecks | None = None
         self.select_files = select_files
         self.rename_files = rename_files
         # A list, or a lazy iterator (resampled or pipeline shard streams), pulled only in the loop thread.
@@ -155,8 +153,7 @@ class Engine:
             async with TaskGroup() as outer:
                 logger = outer.create_task(self._log_periodically()) if self.log_interval else None
                 tuning = outer.create_task(tuner.run()) if tuner is not None else None
-                if self.cache is not None and self.cache.validate:
-                    self._prechecks = Prechecks(self.cache, config.retry, self.stats, outer)
+                self.source.start(outer)
                 async with TaskGroup() as readers:
                     count = len(self.urls) if isinstance(self.urls, Sized) else cap
                     for _ in range(min(cap, count)):  # the limiter, not the task count, sets the concurrency
@@ -164,8 +161,7 @@ class Engine:
                 for task in (logger, tuning):
                     if task is not None:
                         task.cancel()
-                if self._prechecks is not None:
-                    self._prechecks.close()
+                self.source.close()
         except ChannelClosed:
             pass
         except _GROUP as group:  # delivered as one exception of our tree, never as a group
@@ -178,19 +174,20 @@ class Engine:
             self.channel.finish()
 
     def _items(self) -> Iterator[WorkItem]:
-        """The work in order: work items as given, or one whole-shard item per plain URL. With a shard cache
-        that validates its copies, the next ``PRECHECK_AHEAD`` items are pulled early so that their copies'
-        identity checks run before the items are handed out."""
+        """The work in order: work items as given, or one whole-shard item per plain URL. A source that looks
+        ahead (the shard cache's identity checks) is told of the next ``source.lookahead`` items early, so
+        that what it starts for them runs before they are handed out."""
         items = (entry if isinstance(entry, WorkItem) else WorkItem(id=n, shard=n, url=str(entry))
                  for n, entry in enumerate(self.urls))
-        if self._prechecks is None:
+        ahead = self.source.lookahead
+        if not ahead:
             yield from items
             return
         window: collections.deque[WorkItem] = collections.deque()
         for item in items:
             window.append(item)
-            self._prechecks.ahead(item.url, self.backends.for_url(item.url))
-            if len(window) > PRECHECK_AHEAD:
+            self.source.ahead(item.url, self.backends.for_url(item.url))
+            if len(window) > ahead:
                 yield window.popleft()
         yield from window
 
@@ -300,8 +297,8 @@ class Engine:
             raise _Stop()
         self.stats.samples_skipped += 1
 
-    def _emit(self, token: object, item: WorkItem, samples: list[Sample], held: int, parser: TarParser,
-              grouper: Grouper) -> int:
+    def _emit(self, token: object, item: WorkItem, samples: list[Sample], held: int, parse: ShardParse,
+              progress: _Progress) -> int:
         """Put complete samples into the channel and re-account the bytes this reader holds."""
         emitted = 0
         for sample in samples:
@@ -309,12 +306,13 @@ class Engine:
             emitted += nbytes
             sample.item = item.id
             self.channel.put(token, sample, nbytes)
+            progress.end = sample.end
         self.stats.samples_read += len(samples)
-        new_held = parser.pending_bytes + grouper.pending_bytes
+        new_held = parse.pending_bytes
         self.budget.add(new_held + emitted - held)
         return new_held
 
-    async def _is_gzip(self, backend: Any, item: WorkItem) -> bool:
+    async def _is_gzip(self, backend: Backend, item: WorkItem) -> bool:
         """Look at the first two bytes of an object whose compression is unknown."""
         head = b""
         reader = RangeReader(backend, item.url, start=0, end=2, policy=self.config.retry, expect=item.expect)
@@ -324,103 +322,91 @@ class Engine:
         return head[:2] == b"\x1f\x8b"
 
     async def _fetch_item(self, item: WorkItem, token: object) -> None:
-        """Stream one work item through a parser and a grouper into the channel.
+        """Stream one work item through its source, a parser and a grouper into the channel.
 
         An uncompressed item is read as the byte range ``[start, end)`` and must end at a member boundary
         (or, without ``end``, at the archive's end marker). A compressed one is inflated from byte 0; its
-        members outside ``[start, end)`` are dropped before grouping, and reading stops at ``end``.
+        members outside ``[start, end)`` are dropped before grouping, and reading stops at ``end``
+        (:class:`~wds_async.engine.shard.ShardParse`). A format error in a local copy of the object (the
+        source says ``local``) may be the copy's own damage: the source forgets the copy and the rest of the
+        item, from the end of the last sample delivered, is read once more, from the store.
         """
-        backend = self.backends.for_url(item.url)
-        part_bytes = self.config.part_bytes
-        source: CacheHit | CacheFill | None = None
-        if self.cache is not None and self.cache.cacheable(item.url):
-            source = await self.cache.open_item(item.url, whole=item.start == 0 and item.end is None,
-                                                backend=backend, policy=self.config.retry, stats=self.stats,
-                                                prechecks=self._prechecks)
-            if isinstance(source, CacheHit):
-                backend = source.backend  # read as the file backend reads local files, ranged parts included
-            elif source is not None:
-                self.budget.reserve(FILL_WRITE_BYTES)  # the fill's write buffer
+        progress = _Progress()
         try:
-            compressed = item.compressed
-            if compressed is None and item.start > 0:
-                compressed = await self._is_gzip(backend, item)
-            ranged = not compressed
-            first = item.start if ranged else 0
-            failure: BaseException | None = None
-            async with TaskGroup() as group:
-                reader = PartedRead(backend, item.url, start=first, end=item.end if ranged else None,
-                                    policy=self.config.retry, stats=self.stats, expect=item.expect,
-                                    limiter=self.limiter, budget=self.budget, channel=self.channel, owner=token,
-                                    part_bytes=part_bytes, group=group, requeue=self._requeue)
-                try:
-                    fill = source if isinstance(source, CacheFill) else None
-                    await self._parse_item(item, token, reader, ranged, fill)
-                except BaseException as exc:  # re-raised below, outside the group
-                    failure = exc
-                finally:
-                    reader.close()
-            if failure is not None:
-                raise failure
-        finally:
-            if isinstance(source, CacheHit):
-                source.close()
-            elif source is not None:
-                self.budget.unreserve(FILL_WRITE_BYTES)
-                await source.close()
+            await self._fetch_once(item, token, progress)
+        except ShardFormatError as exc:
+            if not progress.local:
+                raise
+            log.warning("wds-async: the local copy of %s is damaged (%s); dropped, reading the shard from the store",
+                        redact_url(item.url), exc)
+            await progress.discard(item.url)
+            rest = item if progress.end is None else replace(item, start=progress.end)
+            await self._fetch_once(rest, token, _Progress(), store=True)
+
+    async def _fetch_once(self, item: WorkItem, token: object, progress: _Progress, *, store: bool = False) -> None:
+        backend = self.backends.for_url(item.url)
+        source = self._store_only if store else self.source
+        whole = item.start == 0 and item.end is None
+        async with source.open(item.url, whole=whole, backend=backend) as opened:
+            progress.local, progress.discard = opened.local, opened.discard
+            if opened.reserve:
+                self.budget.reserve(opened.reserve)
+            try:
+                await self._read_opened(item, token, opened, progress)
+            finally:
+                if opened.reserve:
+                    self.budget.unreserve(opened.reserve)
+
+    async def _read_opened(self, item: WorkItem, token: object, opened: OpenedItem, progress: _Progress) -> None:
+        backend = opened.backend
+        compressed = item.compressed
+        if compressed is None and item.start > 0:
+            compressed = await self._is_gzip(backend, item)
+        ranged = not compressed
+        failure: BaseException | None = None
+        async with TaskGroup() as group:
+            reader = PartedRead(backend, item.url, start=item.start if ranged else 0,
+                                end=item.end if ranged else None, policy=self.config.retry, stats=self.stats,
+                                expect=item.expect, limiter=self.limiter, budget=self.budget,
+                                channel=self.channel, owner=token, part_bytes=self.config.part_bytes, group=group,
+                                requeue=self._requeue)
+            try:
+                await self._parse_item(item, token, reader, ranged, opened, progress)
+            except BaseException as exc:  # re-raised below, outside the group
+                failure = exc
+            finally:
+                reader.close()
+        if failure is not None:
+            raise failure
 
     async def _parse_item(self, item: WorkItem, token: object, reader: PartedRead, ranged: bool,
-                          fill: CacheFill | None = None) -> None:
-        """Feed the item's bytes to a parser and a grouper and its samples to the channel (and to the shard
-        cache's ``fill`` as they pass: committed once the whole object has been read and parsed)."""
-        first = reader.start
+                          opened: OpenedItem, progress: _Progress) -> None:
+        """Feed the item's bytes to a parser and a grouper and its samples to the channel; the source sees
+        every chunk as it passes (``on_chunk``) and hears when the whole item was read and parsed (``done``)."""
         limit = self.config.max_sample_bytes
-        parser = TarParser(url=reader.shown, start_offset=first, max_member_bytes=limit)
         grouper = Grouper(reader.shown, self._on_sample_error, select_files=self.select_files,
                           rename_files=self.rename_files, max_sample_bytes=limit)
-        lo, hi = item.start, item.end
-        filtered = not ranged and (lo > 0 or hi is not None)
-        stopped_early = False  # a compressed item whose wanted range ended before the archive did
+        parse = ShardParse(reader.shown, start=item.start, end=item.end, ranged=ranged, grouper=grouper,
+                           max_member_bytes=limit)
+        on_chunk = None
+        if opened.on_chunk is not None:
+            tee = opened.on_chunk
+
+            async def on_chunk(chunk: bytes) -> None:
+                await tee(chunk, reader.first.identity.size if reader.first.identity else None)
+
         held = 0
         try:
-            async with aclosing(reader.chunks()) as chunks:
-                chunk_iter = chunks.__aiter__()
-                while True:
-                    await self._wait_for_room(token)
-                    try:
-                        chunk = await chunk_iter.__anext__()
-                    except StopAsyncIteration:
-                        break
-                    if fill is not None:
-                        await fill.write(chunk, reader.first.identity.size if reader.first.identity else None)
-                    members = parser.feed(chunk)
-                    if filtered:
-                        past = hi is not None and any(m.offset >= hi for m in members)
-                        members = [m for m in members if lo <= m.offset and (hi is None or m.offset < hi)]
-                        samples = grouper.push(members)
-                        held = self._emit(token, item, samples, held, parser, grouper)
-                        members, samples = [], []
-                        if past:
-                            stopped_early = True
-                            break
-                        continue
-                    held = self._emit(token, item, grouper.push(members), held, parser, grouper)
-                    # Drop the chunk's members before the next await: alive across it, tens of thousands of
-                    # small tuples per reader reach the collector's oldest generation and cost full collections.
-                    members = []
-            if stopped_early:
-                pass  # the rest of the archive is not wanted, so its end is not checked
-            elif item.end is None or not ranged:
-                parser.close()
-            elif not parser.at_boundary or parser.offset != item.end:
-                raise TruncatedShard(
-                    f"the range [{item.start}, {item.end}) did not end at a member boundary (stopped at "
-                    f"{parser.offset}); the index does not describe this shard", url=reader.shown,
-                    offset=parser.offset)
-            self._emit(token, item, grouper.finish(), held, parser, grouper)
+            async with aclosing(read_shard(reader, parse, before_read=lambda: self._wait_for_room(token),
+                                           on_chunk=on_chunk)) as reads:
+                async for _chunk, samples in reads:
+                    held = self._emit(token, item, samples, held, parse, progress)
+                    # Drop the chunk's samples before the next await: alive across it, tens of thousands of
+                    # small objects per reader reach the collector's oldest generation and cost full collections.
+                    samples = []
             held = 0
-            if fill is not None and not stopped_early:
-                await fill.commit(reader.first.identity, self.stats)
+            if not parse.done:
+                await opened.done(reader.first.identity)
         except SampleTooLarge as exc:  # refused from its tar header: name the sample it would have started
             if exc.key is None and exc.member is not None:
                 exc.key = grouper.key_of(exc.member)
@@ -428,3 +414,18 @@ class Engine:
         finally:
             if held:
                 self.budget.release(held)
+
+
+class _Progress:
+    """How far one item got, and where its bytes came from (for the fallback from a damaged local copy)."""
+
+    __slots__ = ("discard", "end", "local")
+
+    def __init__(self) -> None:
+        self.end: int | None = None  # just past the last sample delivered
+        self.local = False
+        self.discard: Callable[[str], Awaitable[None]] = _keep
+
+
+async def _keep(url: str) -> None:
+    return None

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import RetryPolicy
-from ..io import ObjectIdentity
+from ..io.backend import Backend, ObjectIdentity, capabilities_of
 from ..io.budget import ByteBudget
 from ..io.reader import RangeReader
 from ..stats import Stats
@@ -72,7 +72,7 @@ class _Part:
 class PartedRead:
     """``[start, end)`` of ``url``, in order, from concurrent ranged parts (see the module docstring)."""
 
-    def __init__(self, backend: Any, url: str, *, start: int, end: int | None, policy: RetryPolicy,
+    def __init__(self, backend: Backend, url: str, *, start: int, end: int | None, policy: RetryPolicy,
                  stats: Stats, expect: ObjectIdentity | None, limiter: Limiter, budget: ByteBudget,
                  channel: SampleChannel, owner: object, part_bytes: int, group: Any,
                  requeue: Callable[[], Awaitable[None]] | None = None) -> None:
@@ -121,7 +121,7 @@ class PartedRead:
         """After the first answer: split the rest into parts when it is large enough."""
         identity = self.first.identity
         stop = self.end if self.end is not None else (identity.size if identity is not None else None)
-        if (not self.part_bytes or stop is None or not getattr(self.backend, "ranged_reads", True)
+        if (not self.part_bytes or stop is None or not capabilities_of(self.backend).ranged_reads
                 or stop - self.start <= self.part_bytes or self._ranges_ignored()):
             return None  # small, unsized, or from a server that ignores Range (each part would start at 0)
         cut = self.start + self.part_bytes
@@ -133,7 +133,7 @@ class PartedRead:
     def _ranges_ignored(self) -> bool:
         """A plain http server whose first answer neither was a 206 nor announced ``Accept-Ranges: bytes``
         (cloud stores serve ranges on every object, ``ranges_guaranteed``)."""
-        if getattr(self.backend, "ranges_guaranteed", False):
+        if capabilities_of(self.backend).ranges_guaranteed:
             return False
         return (self.first.info or {}).get("accept_ranges") is False
 

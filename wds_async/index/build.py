@@ -19,10 +19,8 @@ from typing import Any
 
 from .._loop import run_private
 from ..config import EngineConfig, RetryPolicy
-from ..engine.grouping import Grouper, Sample
-from ..engine.tarstream import TarParser
-from ..errors import WdsError
-from ..io import BackendSet, ObjectIdentity, scheme_options, validate_url
+from ..engine.shard import ShardParse, read_shard
+from ..io import Backend, BackendSet, ObjectIdentity, scheme_options, validate_url
 from ..io.listing import expand_globs
 from ..io.reader import RangeReader
 from ..urls import expand_urls, redact_url
@@ -33,37 +31,29 @@ __all__ = ["build_index"]
 _GROUP = BaseExceptionGroup
 
 
-def _raise(error: WdsError) -> None:
-    raise error
-
-
-async def _index_shard(backend: Any, url: str, policy: RetryPolicy, tick: Callable[[int], None]) -> ShardEntry:
-    """Stream one shard whole; keep (key, offset, end) per sample and drop the bytes at once."""
+async def _index_shard(backend: Backend, url: str, policy: RetryPolicy, tick: Callable[[int], None]) -> ShardEntry:
+    """Stream one shard whole; keep (key, offset, end) per sample and drop the bytes at once. A truncated or
+    corrupt shard is an error naming it, never a partial entry."""
     shown = redact_url(url)
     reader = RangeReader(backend, url, policy=policy)
-    parser, grouper = TarParser(url=shown), Grouper(shown, _raise)
+    parse = ShardParse(shown)
     keys: list[str] = []
     offsets: list[int] = []
     ends: list[int] = []
     nbytes = 0
-
-    def keep(samples: list[Sample]) -> None:
-        for s in samples:
-            keys.append(s["__key__"])
-            offsets.append(s.offset or 0)
-            ends.append(s.end or 0)
-
-    async with aclosing(reader.chunks()) as chunks:
-        async for chunk in chunks:
+    async with aclosing(read_shard(reader, parse)) as reads:
+        async for chunk, samples in reads:
             nbytes += len(chunk)
-            tick(len(chunk))
-            keep(grouper.push(parser.feed(chunk)))
-    parser.close()  # a truncated or corrupt shard is an error naming it, never a partial entry
-    keep(grouper.finish())
+            if chunk:
+                tick(len(chunk))
+            for s in samples:
+                keys.append(s["__key__"])
+                offsets.append(s.offset or 0)
+                ends.append(s.end or 0)
     seen = reader.identity or ObjectIdentity()
     return ShardEntry(url=shown, size=seen.size if seen.size is not None else nbytes, etag=seen.etag,
                       generation=seen.generation, last_modified=seen.last_modified,
-                      compressed=bool(parser.compressed), keys=tuple(keys), offsets=tuple(offsets),
+                      compressed=bool(parse.parser.compressed), keys=tuple(keys), offsets=tuple(offsets),
                       ends=tuple(ends))
 
 

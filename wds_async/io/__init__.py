@@ -10,7 +10,7 @@ ImportError deep in a worker; :func:`register_backend` adds custom stores, :func
 
 from __future__ import annotations
 
-from .backend import Backend, ByteStream, ObjectIdentity
+from .backend import Backend, ByteStream, Capabilities, ObjectIdentity, capabilities_of
 from .registry import (
            REGISTRY,
            BackendSet,
@@ -23,5 +23,5 @@ from .registry import (
            validate_url,
 )
 
-__all__ = ["REGISTRY", "Backend", "BackendSet", "ByteStream", "ObjectIdentity", "accepted_options", "backend_class",
+__all__ = ["REGISTRY", "Backend", "BackendSet", "ByteStream", "Capabilities", "ObjectIdentity", "capabilities_of", "accepted_options", "backend_class",
            "backend_key", "register_backend", "scheme_options", "supported_schemes", "validate_url"]

@@ -33,7 +33,7 @@ from wds_async.errors import (
     WdsError,
 )
 
-__all__ = ["Backend", "ByteStream", "ObjectIdentity", "check_http_url", "glob_prefix", "glob_regex", "has_glob",
+__all__ = ["Backend", "ByteStream", "Capabilities", "ObjectIdentity", "capabilities_of", "check_http_url", "glob_prefix", "glob_regex", "has_glob",
            "status_error"]
 
 
@@ -79,14 +79,61 @@ class ByteStream:
             await closer()
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do, declared once by the backend and read by the layers above (the range reader,
+    ranged parts, listing) instead of probing for attributes.
+
+    The defaults describe a plain seekable store: any byte range can be asked for, nothing more is promised.
+    """
+
+    #: ``open(url, start=n)`` starts at byte ``n`` without reading what comes before it. False for a source
+    #: that can only stream from its start (``pipe:``): it skips ``start`` bytes itself, and a large object is
+    #: never split into ranged parts.
+    ranged_reads: bool = True
+    #: Every object answers a Range request with exactly that range (the cloud stores). A plain http server may
+    #: ignore Range and send the whole object; without this guarantee ranged parts are used only after the
+    #: first answer showed the server honours ranges.
+    ranges_guaranteed: bool = False
+    #: ``open(..., expect=ObjectIdentity)`` makes the request conditional on that version (``If-Match``,
+    #: ``ifGenerationMatch``): a store that changed answers 412, so a resumed read never splices two versions.
+    conditional_reads: bool = False
+    #: ``list(pattern)`` expands a glob URL.
+    listing: bool = False
+    #: Bytes the transport may hold for one open stream outside the engine's counters (socket and parser
+    #: buffers); the byte budget counts this much per open stream, so memory stays bounded at any concurrency.
+    buffer_allowance: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        if self.buffer_allowance < 0:
+            raise ValueError(f"buffer_allowance must be >= 0, not {self.buffer_allowance}")
+
+
+#: What a backend that declares nothing gets (one written for the registry before capabilities existed).
+_DEFAULT_CAPABILITIES = Capabilities()
+
+
+def capabilities_of(backend: object) -> Capabilities:
+    """``backend.capabilities``; the defaults for a custom backend that declares none."""
+    declared = getattr(backend, "capabilities", None)
+    if declared is None:
+        return _DEFAULT_CAPABILITIES
+    if not isinstance(declared, Capabilities):
+        raise TypeError(f"{type(backend).__name__}.capabilities must be a wds_async.io.Capabilities, "
+                        f"not {type(declared).__name__}")
+    return declared
+
+
 @runtime_checkable
 class Backend(Protocol):
-    """What the engine needs from a storage scheme."""
+    """What the engine needs from a storage scheme. Each built-in backend also declares its
+    :class:`Capabilities` as ``capabilities`` (read through :func:`capabilities_of`, which gives a custom backend
+    that declares none the defaults)."""
 
     def open(self, url: str, *, start: int = 0, end: int | None = None) -> AbstractAsyncContextManager[ByteStream]:
         """Stream the bytes ``[start, end)`` of ``url`` (``end=None``: to the end).
 
-        A backend whose ``conditional_reads`` attribute is True also takes ``expect=ObjectIdentity``
+        A backend whose capabilities say ``conditional_reads`` also takes ``expect=ObjectIdentity``
         and makes the request conditional on that version (a store that changed answers 412)."""
         ...
 

@@ -29,7 +29,7 @@ from ..config import RetryPolicy
 from ..errors import ObjectChanged, Throttled, TransientError
 from ..stats import Stats
 from ..urls import redact_url
-from . import ObjectIdentity
+from .backend import Backend, ObjectIdentity, capabilities_of
 from .budget import ByteBudget
 
 __all__ = ["RangeReader"]
@@ -44,7 +44,7 @@ class RangeReader:
     open reported (``None`` before it).
     """
 
-    def __init__(self, backend: Any, url: str, *, start: int = 0, end: int | None = None,
+    def __init__(self, backend: Backend, url: str, *, start: int = 0, end: int | None = None,
                  policy: RetryPolicy, stats: Stats | None = None, expect: ObjectIdentity | None = None,
                  what: str = "the index or checkpoint",
                  requeue: Callable[[], Awaitable[None]] | None = None, budget: ByteBudget | None = None) -> None:
@@ -63,13 +63,14 @@ class RangeReader:
         #: Awaited before retrying a throttled request: the engine gives its concurrency token back and
         #: waits for one, so a retry never pushes the request count above a limit the autotuner lowered.
         self.requeue = requeue
-        #: While a stream is open its ``backend.buffer_allowance`` (what the transport may buffer outside
+        #: While a stream is open its backend's ``capabilities.buffer_allowance`` (what the transport may buffer outside
         #: the engine's counters) is counted here, so the budget bounds real memory at any concurrency.
         self.budget = budget
+        capabilities = capabilities_of(backend)
         #: Opens after the first (and the first too, when ``expect`` is given) are conditional on the version
         #: already seen, where the backend can send the condition (``If-Match``, ``ifGenerationMatch``).
-        self.conditional = bool(getattr(backend, "conditional_reads", False))
-        self.allowance = int(getattr(backend, "buffer_allowance", getattr(backend, "chunk_bytes", 1 << 20)))
+        self.conditional = capabilities.conditional_reads
+        self.allowance = capabilities.buffer_allowance
         self.identity: ObjectIdentity | None = None
         #: What the first open's stream reported (``ByteStream.info``: e.g. the HTTP status).
         self.info: dict[str, Any] | None = None

@@ -24,6 +24,7 @@ import time
 from asyncio import TaskGroup
 from typing import TYPE_CHECKING, Any
 
+from ..cache.source import source_for
 from ..engine.channel import SampleChannel
 from ..engine.engine import Engine
 from ..engine.failures import leaves
@@ -171,7 +172,8 @@ class Session:
         channel = InBandChannel(budget, ordered=config.deterministic)
         engine = Engine(items, backends=self.service.backends_for(message.get("backend_options")),
                         channel=channel, config=config, handler=channel.handler, stats=self.stats,
-                        cache=self.service.cache_for(message.get("cache")), limiter=self.service.limiter,
+                        source=source_for(self.service.cache_for(message.get("cache")), config.retry, self.stats),
+                        limiter=self.service.limiter,
                         yield_tokens=True)
         async with TaskGroup() as group:
             task = group.create_task(engine.run())

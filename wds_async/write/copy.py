@@ -25,16 +25,15 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import urlsplit
 
 from ..backends.file import local_path
 from ..config import RetryPolicy
-from ..engine.grouping import Grouper, Sample
-from ..engine.tarstream import TarParser
-from ..errors import BackendError, UrlError, WdsError
+from ..engine.grouping import Sample
+from ..engine.shard import ShardParse, read_shard
+from ..errors import BackendError, UrlError
 from ..index.format import ShardEntry
-from ..io import ObjectIdentity
+from ..io import Backend, ObjectIdentity
 from ..io.reader import RangeReader
 from ..urls import redact_url, scheme_of
 from .dest import Destination, check_destination, open_destination
@@ -117,11 +116,7 @@ def plan_copies(sources: Sequence[str], dst: str) -> list[tuple[str, str]]:
     return pairs
 
 
-def _raise(error: WdsError) -> None:
-    raise error
-
-
-async def copy_shard(backend: Any, src: str, dst: str, *, policy: RetryPolicy | None = None,
+async def copy_shard(backend: Backend, src: str, dst: str, *, policy: RetryPolicy | None = None,
                      on_bytes: Callable[[int], None] | None = None) -> tuple[CopyReport, ShardEntry | None]:
     """Copy one shard (see the module docstring): its report, and its index entry (``None`` on failure)."""
     from asyncio import TaskGroup
@@ -131,7 +126,7 @@ async def copy_shard(backend: Any, src: str, dst: str, *, policy: RetryPolicy | 
     policy = policy or RetryPolicy()
     report = CopyReport(redact_url(src), redact_url(dst))
     reader = RangeReader(backend, src, policy=policy)
-    parser, grouper = TarParser(url=report.src), Grouper(report.src, _raise)
+    parse = ShardParse(report.src)
     queue: asyncio.Queue[bytes | None] = asyncio.Queue(QUEUE_CHUNKS)
     rows: list[tuple[str, int, int]] = []  # (key, offset, end) per sample: its bytes are dropped at once
     target: Destination | None = None
@@ -141,15 +136,15 @@ async def copy_shard(backend: Any, src: str, dst: str, *, policy: RetryPolicy | 
         rows.extend((s["__key__"], s.offset or 0, s.end or 0) for s in samples)
 
     async def pump() -> None:  # read and verify, then hand each chunk on
-        async with aclosing(reader.chunks()) as chunks:
-            async for chunk in chunks:
-                keep(grouper.push(parser.feed(chunk)))
-                report.bytes += len(chunk)
-                if on_bytes is not None:
-                    on_bytes(len(chunk))
-                await queue.put(chunk)
-        parser.close()  # truncated or not a tar: the shard fails here, before its end reaches the writer
-        keep(grouper.finish())
+        # A truncated shard or one that is not a tar fails in here, before its end reaches the writer.
+        async with aclosing(read_shard(reader, parse)) as reads:
+            async for chunk, samples in reads:
+                keep(samples)
+                if chunk:
+                    report.bytes += len(chunk)
+                    if on_bytes is not None:
+                        on_bytes(len(chunk))
+                    await queue.put(chunk)
         size = (reader.identity or ObjectIdentity()).size
         if size is not None and report.bytes != size:
             raise BackendError(f"read {report.bytes} bytes and the source announced {size}; copy it again",
@@ -183,7 +178,7 @@ async def copy_shard(backend: Any, src: str, dst: str, *, policy: RetryPolicy | 
     report.samples = len(rows)
     seen = identity or ObjectIdentity()
     return report, ShardEntry(url=report.dst, size=report.bytes, etag=seen.etag, generation=seen.generation,
-                              last_modified=seen.last_modified, compressed=bool(parser.compressed),
+                              last_modified=seen.last_modified, compressed=bool(parse.parser.compressed),
                               keys=tuple(r[0] for r in rows), offsets=tuple(r[1] for r in rows),
                               ends=tuple(r[2] for r in rows))
 

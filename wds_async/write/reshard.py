@@ -2,7 +2,7 @@
 new shards by a :class:`~wds_async.write.writer.ShardWriter`.
 
 Up to ``concurrency`` source shards are read at once (through the loader's reader and tar parser, by
-:func:`~wds_async.cli.common.read_samples` with this module's grouper), each into a queue of at most
+:func:`~wds_async.engine.shard.shard_samples` with this module's grouper), each into a queue of at most
 :data:`QUEUE_BATCHES` batches of samples; one writer takes the shards' queues in source order, so the output holds the samples
 in the order the sources list them and memory stays bounded by the shards in flight. The writer's calls
 block (files, uploads), so each batch is written in a thread.
@@ -25,8 +25,8 @@ from contextlib import aclosing
 from typing import Any
 
 from .._aio import Inflight
-from ..cli.common import read_samples
 from ..engine.grouping import _skipped, split_key
+from ..engine.shard import shard_samples
 from ..engine.tarstream import Member
 from ..errors import SampleError, WdsError
 from ..urls import redact_url
@@ -41,6 +41,8 @@ QUEUE_BATCHES = 4
 class RawGrouper:
     """Members -> sample dicts ``{"__key__": key, ext: bytes}`` with extensions as written (see the module
     docstring); a repeated extension (compared case-blind, as readers lower-case them) is a SampleError."""
+
+    pending_bytes = 0  # the samples it holds are counted where they are queued, not here
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -109,7 +111,7 @@ async def reshard_all(urls: Sequence[str], make_writer: Callable[[], Any], concu
                     on_bytes(n)
 
             try:
-                samples = read_samples(backends.for_url(url), url, on_bytes=count, grouper=RawGrouper(redact_url(url)))
+                samples = shard_samples(backends.for_url(url), url, on_bytes=count, grouper=RawGrouper(redact_url(url)))
                 async with aclosing(samples) as batches:
                     async for batch in batches:
                         await queues[i].put(batch)
