@@ -182,7 +182,7 @@ class BackendContract:
             other = ObjectIdentity(size=seen.size, etag='"not-this-version"' if seen.etag else None,
                                    generation="1" if seen.generation else None)
             # Through the reader, a version mismatch fails whether the store refuses (412) or answers.
-            reader = RangeReader(backend, data_url, start=10, end=20, policy=wds.RetryPolicy(), expect=other)
+            reader = RangeReader(backend, data_url, start=10, end=20, expect=other)
             with pytest.raises(wds.ObjectChanged):
                 async with aclosing(reader.chunks()) as chunks:
                     async for _chunk in chunks:

@@ -20,7 +20,7 @@ import aiofiles.os
 from ..backends.file import FileBackend
 from ..config import RetryPolicy
 from ..io import ByteStream, ObjectIdentity
-from ..io.reader import RangeReader
+from ..io.reader import RangeReader, ReadContext
 from ..stats import Stats
 from ..urls import redact_url
 from .files import IDENTITY_FIELDS, META_VERSION, touch, unlink, unlock
@@ -38,7 +38,7 @@ FILL_WRITE_BYTES = 1 << 20
 
 async def store_identity(backend: Any, url: str, policy: RetryPolicy, stats: Stats | None) -> ObjectIdentity:
     """The object's identity now, from a 1-byte ranged read (what every backend can do, retried as usual)."""
-    reader = RangeReader(backend, url, start=0, end=1, policy=policy)
+    reader = RangeReader(backend, url, start=0, end=1, context=ReadContext(policy))
     async with contextlib.aclosing(reader.chunks()) as chunks:
         async for _ in chunks:
             pass

@@ -28,6 +28,7 @@ from ..backends.file import local_path
 from ..backends.pipe import pipes_allowed
 from ..cache.disk import make_cache
 from ..config import EngineConfig, RetryPolicy
+from ..engine.spec import StreamSpec
 from ..errors import EmptyShards
 from ..index.format import ShardIndex
 from ..io import scheme_options, validate_url
@@ -243,10 +244,9 @@ class WebDataset(FluidPipeline):
                                                      "validate": self.cache.validate}
             return service_samples(items, socket_path=path, handler=self.handler, stats=stats, settings=settings,
                                    backend_options=self._backend_options or None, cache=cache, **callbacks)
-        return stream_samples(
-            items, config=config, handler=self.handler, stats=stats, backends=self._backends,
-            backend_options=self._backend_options, log_interval=self.log_interval,
-            select_files=self.select_files, rename_files=self.rename_files, cache=self.cache, **callbacks)
+        spec = StreamSpec(config, self.handler, self.select_files, self.rename_files, backends=self._backends,
+                          backend_options=self._backend_options, cache=self.cache, log_interval=self.log_interval)
+        return stream_samples(items, spec, stats=stats, **callbacks)
 
     def _service_path(self) -> str | None:
         """The socket this iteration reads through, or None for in-process (``"auto"`` asks the default one)."""

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from ..config import EngineConfig
 from ..engine.bridge import Bridge
 from ..engine.grouping import Sample
+from ..engine.spec import StreamSpec
 from ..engine.work import ItemDone
 from ..stats import Stats
 from .fluid import FluidPipeline
@@ -54,33 +55,17 @@ def _url(item: Any) -> Any:
     return item["url"] if isinstance(item, dict) else item
 
 
-def stream_samples(
-    urls: Iterable[Any],
-    *,
-    config: EngineConfig,
-    handler: Callable[[BaseException], bool] = reraise_exception,
-    stats: Stats | None = None,
-    backends: dict[str, Any] | None = None,
-    backend_options: dict[str, Any] | None = None,
-    log_interval: float | None = None,
-    select_files: Callable[[str], bool] | None = None,
-    rename_files: Callable[[str], str] | None = None,
-    cache: Any = None,
-    on_sample: Callable[[Any], None] | None = None,
-    on_item_done: Callable[[int], None] | None = None,
-) -> Generator[Any, None, None]:
+def stream_samples(urls: Iterable[Any], spec: StreamSpec, *, stats: Stats | None = None,
+                   on_sample: Callable[[Any], None] | None = None,
+                   on_item_done: Callable[[int], None] | None = None) -> Generator[Any, None, None]:
     """Samples of the shards in ``urls`` (a list or a lazy stream of URLs, ``{"url": ...}`` or
-    :class:`~wds_async.engine.work.WorkItem`), from a bridge that lives exactly as long as this generator.
+    :class:`~wds_async.engine.work.WorkItem`) read in this process as ``spec`` says, from a bridge that lives
+    exactly as long as this generator.
 
     ``on_sample(sample)`` runs just before a sample is yielded, ``on_item_done(id)`` once all samples of a
-    work item were yielded: what a checkpoint needs to know. ``cache``: a :class:`~wds_async.cache.disk.ShardCache`
-    that remote shards are read from, or written to as they stream."""
-    bridge = Bridge(
-        (_url(item) for item in urls) if not isinstance(urls, list) else [_url(u) for u in urls],
-        config=config, handler=handler, stats=stats or Stats(), backends=backends,
-        backend_options=backend_options, log_interval=log_interval,
-        engine_options={"select_files": select_files, "rename_files": rename_files, "cache": cache},
-    )
+    work item were yielded: what a checkpoint needs to know."""
+    bridge = Bridge((_url(item) for item in urls) if not isinstance(urls, list) else [_url(u) for u in urls],
+                    spec, stats or Stats())
     bridge.start()
     try:
         for batch in bridge.batches():
@@ -107,8 +92,7 @@ def tarfile_samples(src: Iterable[Any], handler: Callable[[BaseException], bool]
     itself, used as ``DataPipeline(SimpleShardList(urls), wds.tarfile_samples, ...)``. ``engine`` takes
     :class:`~wds_async.config.EngineConfig` fields."""
     config = EngineConfig().replace(**engine) if engine else EngineConfig()
-    return stream_samples(src, config=config, handler=resolve_handler(handler), select_files=select_files,
-                          rename_files=rename_files)
+    return stream_samples(src, StreamSpec(config, resolve_handler(handler), select_files, rename_files))
 
 
 def tarfile_to_samples(handler: Any = None, select_files: Callable[[str], bool] | None = None,

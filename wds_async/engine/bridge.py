@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Any
 
 from .._loop import new_event_loop
 from ..cache.source import source_for
-from ..config import EngineConfig
 from ..errors import EngineError
 from ..io import BackendSet
 from ..io.budget import ByteBudget
@@ -45,6 +44,7 @@ from ..stats import Stats
 from .channel import SampleChannel
 from .engine import Engine
 from .failures import translate
+from .spec import StreamSpec
 from .work import ItemDone
 
 if TYPE_CHECKING:
@@ -63,26 +63,11 @@ _JOIN_TIMEOUT = 10.0
 class Bridge:
     """Runs an :class:`Engine` over ``urls`` in a loop thread and hands its samples to the caller."""
 
-    def __init__(
-        self,
-        urls: Iterable[str],
-        *,
-        config: EngineConfig,
-        handler: Callable[[BaseException], bool],
-        stats: Stats,
-        backends: dict[str, Any] | None = None,
-        backend_options: dict[str, Any] | None = None,
-        log_interval: float | None = None,
-        engine_options: dict[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, urls: Iterable[str], spec: StreamSpec, stats: Stats) -> None:
         self._urls = urls
-        self._engine_options = dict(engine_options or {})
-        self._config = config
-        self._handler = handler
+        self._spec = spec
+        self._config = spec.config
         self._stats = stats
-        self._backend_overrides = backends
-        self._backend_options = backend_options
-        self._log_interval = log_interval
         self._pid = os.getpid()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -126,12 +111,10 @@ class Bridge:
             self._stop_event = asyncio.Event()
             budget = ByteBudget(self._config.max_buffered_bytes)
             channel = SampleChannel(budget, ordered=self._config.deterministic)
-            backends = BackendSet(self._config, self._backend_overrides, self._backend_options)
-            options = dict(self._engine_options)
-            source = source_for(options.pop("cache", None), self._config.retry, self._stats)
-            engine = Engine(self._urls, backends=backends, channel=channel, config=self._config,
-                            handler=self._handler, stats=self._stats, log_interval=self._log_interval,
-                            source=source, **options)
+            spec = self._spec
+            backends = BackendSet(self._config, spec.backends, spec.backend_options)
+            engine = Engine(self._urls, spec, backends=backends, channel=channel, stats=self._stats,
+                            source=source_for(spec.cache, self._config.retry, self._stats))
             self._channel = channel
         except BaseException as exc:
             self._startup_error = exc

@@ -39,11 +39,10 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Sized
 from contextlib import aclosing
 from dataclasses import replace
 
-from ..config import EngineConfig
 from ..errors import SampleTooLarge, ShardFormatError, WdsError
 from ..io import Backend, BackendSet
 from ..io.budget import ByteBudget
-from ..io.reader import RangeReader
+from ..io.reader import RangeReader, ReadContext
 from ..io.source import ItemSource, OpenedItem, StoreSource
 from ..stats import Stats
 from ..urls import redact_url
@@ -52,11 +51,12 @@ from .channel import ChannelClosed, SampleChannel
 from .failures import leaves, pick, translate
 from .grouping import Grouper, Sample, sample_nbytes
 from .limiter import Limiter
-from .parts import PartedRead
+from .parts import Lanes, PartedRead
 from .shard import ShardParse, read_shard
+from .spec import Handler, StreamSpec
 from .work import ItemDone, WorkItem
 
-__all__ = ["Engine", "Handler"]
+__all__ = ["Engine", "Handler"]  # Handler: re-exported from .spec, where it is defined
 
 log = logging.getLogger("wds_async")
 
@@ -66,8 +66,6 @@ _GROUP = BaseExceptionGroup
 #: allows at most as many streams as fit in half the budget.
 STREAM_ALLOWANCE = 640 << 10
 
-#: ``handler(exc) -> bool``: True to skip and continue, False to stop, raise to propagate.
-Handler = Callable[[BaseException], bool]
 
 
 class _Stop(Exception):
@@ -85,22 +83,11 @@ class _HandlerRaised(Exception):
 class Engine:
     """Fetches ``urls`` concurrently into ``channel`` (see module docstring)."""
 
-    def __init__(
-        self,
-        urls: Iterable[str | WorkItem],
-        *,
-        backends: BackendSet,
-        channel: SampleChannel,
-        config: EngineConfig,
-        handler: Handler,
-        stats: Stats,
-        log_interval: float | None = None,
-        select_files: Callable[[str], bool] | None = None,
-        rename_files: Callable[[str], str] | None = None,
-        source: ItemSource | None = None,
-        limiter: Limiter | None = None,
-        yield_tokens: bool = False,
-    ) -> None:
+    def __init__(self, urls: Iterable[str | WorkItem], spec: StreamSpec, *, backends: BackendSet,
+                 channel: SampleChannel, stats: Stats, source: ItemSource | None = None, limiter: Limiter | None = None,
+                 yield_tokens: bool = False) -> None:
+        """Read ``urls`` (URLs or work items) as ``spec`` says, through ``backends`` and ``source`` (the store, or
+        the shard cache wrapped around it), into ``channel``, counting in ``stats``."""
         #: Where items' bytes come from: the store, or the shard cache wrapped around it (see io/source.py).
         self.source: ItemSource = source if source is not None else StoreSource()
         self._store_only = StoreSource()
@@ -109,23 +96,26 @@ class Engine:
         self._shared_limiter = limiter
         #: Give the token back while waiting for room in the byte budget (see ``_wait_for_room``).
         self.yield_tokens = yield_tokens
-        self.select_files = select_files
-        self.rename_files = rename_files
+        self.spec = spec
+        self.select_files = spec.select_files
+        self.rename_files = spec.rename_files
         # A list, or a lazy iterator (resampled or pipeline shard streams), pulled only in the loop thread.
         self.urls = urls
         self.backends = backends
         self.channel = channel
         self.budget: ByteBudget = channel.budget
-        self.config = config
-        self.handler = handler
+        self.config = config = spec.config
+        self.handler = spec.handler
         self.stats = stats
-        self.log_interval = log_interval
+        self.log_interval = spec.log_interval
         self.limiter = limiter if limiter is not None else Limiter(1)
         self._exhausted = False  # every item has been handed to a reader
         self._stopping = False
         self.stats.shards_total = len(urls) if isinstance(urls, Sized) else 0
         self.stats.buffer_limit = self.budget.limit
         self.stats.budget = self.budget
+        #: What every read of this engine shares (retries, counters, the byte budget, token requeue).
+        self._reads = ReadContext(config.retry, stats, self.budget, self._requeue)
 
     async def run(self) -> None:
         """Fetch every shard; errors that escape the handler logic are delivered via the channel."""
@@ -315,7 +305,8 @@ class Engine:
     async def _is_gzip(self, backend: Backend, item: WorkItem) -> bool:
         """Look at the first two bytes of an object whose compression is unknown."""
         head = b""
-        reader = RangeReader(backend, item.url, start=0, end=2, policy=self.config.retry, expect=item.expect)
+        reader = RangeReader(backend, item.url, start=0, end=2, expect=item.expect,
+                             context=ReadContext(self.config.retry))
         async with aclosing(reader.chunks()) as chunks:
             async for chunk in chunks:
                 head += chunk
@@ -365,11 +356,10 @@ class Engine:
         ranged = not compressed
         failure: BaseException | None = None
         async with TaskGroup() as group:
+            lanes = Lanes(self.limiter, self.channel, token, self.config.part_bytes, group)
             reader = PartedRead(backend, item.url, start=item.start if ranged else 0,
-                                end=item.end if ranged else None, policy=self.config.retry, stats=self.stats,
-                                expect=item.expect, limiter=self.limiter, budget=self.budget,
-                                channel=self.channel, owner=token, part_bytes=self.config.part_bytes, group=group,
-                                requeue=self._requeue)
+                                end=item.end if ranged else None, expect=item.expect, context=self._reads,
+                                lanes=lanes)
             try:
                 await self._parse_item(item, token, reader, ranged, opened, progress)
             except BaseException as exc:  # re-raised below, outside the group

@@ -38,15 +38,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import RetryPolicy
 from ..io.backend import Backend, ObjectIdentity, capabilities_of
 from ..io.budget import ByteBudget
-from ..io.reader import RangeReader
+from ..io.reader import RangeReader, ReadContext
 from ..stats import Stats
 from .channel import SampleChannel
 from .limiter import Limiter
@@ -69,28 +68,42 @@ class _Part:
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-class PartedRead:
-    """``[start, end)`` of ``url``, in order, from concurrent ranged parts (see the module docstring)."""
+@dataclass(frozen=True)
+class Lanes:
+    """What the parts of one item share with the engine reading it: the limiter whose tokens helpers take, the
+    channel whose consumer they feed, the reader's owner token (its place in the channel and the budget), the
+    part size, and the item's TaskGroup that owns the helpers."""
 
-    def __init__(self, backend: Backend, url: str, *, start: int, end: int | None, policy: RetryPolicy,
-                 stats: Stats, expect: ObjectIdentity | None, limiter: Limiter, budget: ByteBudget,
-                 channel: SampleChannel, owner: object, part_bytes: int, group: Any,
-                 requeue: Callable[[], Awaitable[None]] | None = None) -> None:
+    limiter: Limiter
+    channel: SampleChannel
+    owner: object
+    part_bytes: int
+    group: Any
+
+
+class PartedRead:
+    """``[start, end)`` of ``url``, in order, from concurrent ranged parts (see the module docstring).
+    ``context`` must carry the engine's stats and byte budget."""
+
+    def __init__(self, backend: Backend, url: str, *, start: int, end: int | None, expect: ObjectIdentity | None,
+                 context: ReadContext, lanes: Lanes) -> None:
+        if context.stats is None or context.budget is None:
+            raise ValueError("a PartedRead needs the engine's stats and byte budget in its ReadContext")
         self.backend = backend
         self.url = url
         self.start, self.end = start, end
-        self.policy, self.stats, self.expect = policy, stats, expect
-        self.limiter, self.budget, self.channel, self.owner = limiter, budget, channel, owner
-        self.part_bytes = part_bytes
-        self.group = group
-        self.requeue = requeue
-        self.first = RangeReader(backend, url, start=start, end=end, policy=policy, stats=stats, expect=expect,
-                                 requeue=requeue, budget=budget)
+        self.context, self.expect = context, expect
+        self.stats: Stats = context.stats
+        self.budget: ByteBudget = context.budget
+        self.limiter, self.channel, self.owner = lanes.limiter, lanes.channel, lanes.owner
+        self.part_bytes = part_bytes = lanes.part_bytes
+        self.group = lanes.group
+        self.first = RangeReader(backend, url, start=start, end=end, expect=expect, context=context)
         self.shown = self.first.shown
         self._parts: list[_Part] = []
         self._current = -1            # index of the part being parsed (-1: the first request)
         self._launched = 0            # helpers created so far
-        self.window = max(1, min(MAX_WINDOW, budget.limit // max(1, part_bytes)))
+        self.window = max(1, min(MAX_WINDOW, self.budget.limit // max(1, part_bytes)))
 
     @property
     def pos(self) -> int:
@@ -170,9 +183,8 @@ class PartedRead:
 
     # -- the helpers -------------------------------------------------------------------------------
     def _reader(self, part: _Part) -> RangeReader:
-        return RangeReader(self.backend, self.url, start=part.start, end=part.end, policy=self.policy,
-                           stats=self.stats, expect=self.expect, what="the first request for this shard",
-                           requeue=self.requeue, budget=self.budget)
+        return RangeReader(self.backend, self.url, start=part.start, end=part.end, expect=self.expect,
+                           context=self.context, what="the first request for this shard")
 
     async def _room(self, part: _Part) -> None:
         """Wait until ``part`` may read another chunk: strictly below the budget when it is ahead of the

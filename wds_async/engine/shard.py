@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from ..config import RetryPolicy
 from ..errors import TruncatedShard, WdsError
 from ..io.backend import Backend
-from ..io.reader import RangeReader
+from ..io.reader import RangeReader, ReadContext
 from ..urls import redact_url
 from .grouping import Grouper
 from .tarstream import Member, TarParser
@@ -147,7 +147,7 @@ async def shard_samples(backend: Backend, url: str, *, policy: RetryPolicy | Non
     :class:`~wds_async.errors.SampleError`), in the non-empty lists each chunk completes: what ``verify``,
     ``cat`` and resharding read. ``grouper``: another grouper (:class:`MemberList` for the members themselves).
     ``on_bytes(n)`` is called for every chunk read."""
-    reader = RangeReader(backend, url, policy=policy or RetryPolicy())
+    reader = RangeReader(backend, url, context=ReadContext(policy or RetryPolicy()))
     parse = ShardParse(redact_url(url), grouper=grouper)
     async with aclosing(read_shard(reader, parse)) as reads:
         async for chunk, samples in reads:

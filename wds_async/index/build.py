@@ -22,7 +22,7 @@ from ..config import EngineConfig, RetryPolicy
 from ..engine.shard import ShardParse, read_shard
 from ..io import Backend, BackendSet, ObjectIdentity, scheme_options, validate_url
 from ..io.listing import expand_globs
-from ..io.reader import RangeReader
+from ..io.reader import RangeReader, ReadContext
 from ..urls import expand_urls, redact_url
 from .format import ShardEntry, ShardIndex
 
@@ -35,7 +35,7 @@ async def _index_shard(backend: Backend, url: str, policy: RetryPolicy, tick: Ca
     """Stream one shard whole; keep (key, offset, end) per sample and drop the bytes at once. A truncated or
     corrupt shard is an error naming it, never a partial entry."""
     shown = redact_url(url)
-    reader = RangeReader(backend, url, policy=policy)
+    reader = RangeReader(backend, url, context=ReadContext(policy))
     parse = ShardParse(shown)
     keys: list[str] = []
     offsets: list[int] = []

@@ -40,7 +40,7 @@ from ..backends.file import local_path
 from ..config import EngineConfig
 from ..errors import UrlError
 from ..io import BackendSet, ObjectIdentity, validate_url
-from ..io.reader import RangeReader
+from ..io.reader import RangeReader, ReadContext
 from ..urls import expand_urls, redact_url, scheme_of, url_key
 
 __all__ = ["INDEX_FORMAT", "INDEX_VERSION", "ShardEntry", "ShardIndex", "url_key"]
@@ -238,7 +238,7 @@ async def _read_all(url: str, options: Mapping[str, Any]) -> bytes:
     config = EngineConfig()
     backends = BackendSet(config, options=options)
     try:
-        reader = RangeReader(backends.for_url(url), url, policy=config.retry)
+        reader = RangeReader(backends.for_url(url), url, context=ReadContext(config.retry))
         async with aclosing(reader.chunks()) as chunks:
             return b"".join([chunk async for chunk in chunks])
     finally:

@@ -23,6 +23,7 @@ import logging
 import random
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import RetryPolicy
@@ -32,9 +33,25 @@ from ..urls import redact_url
 from .backend import Backend, ObjectIdentity, capabilities_of
 from .budget import ByteBudget
 
-__all__ = ["RangeReader"]
+__all__ = ["RangeReader", "ReadContext"]
 
 log = logging.getLogger("wds_async")
+
+
+@dataclass(frozen=True)
+class ReadContext:
+    """What every read of one engine (or one CLI command) shares: made once, handed to each reader whole.
+
+    ``policy``: retries and their deadline. ``stats``: the counters reads add to (requests, bytes, retries,
+    throttled answers, open streams, first-byte times). ``budget``: the byte budget that counts each open
+    stream's buffer allowance. ``requeue``: awaited before a throttled request is retried (the engine gives its
+    concurrency token back and waits for one, so a retry never exceeds a limit the autotuner lowered).
+    """
+
+    policy: RetryPolicy = field(default_factory=RetryPolicy)
+    stats: Stats | None = None
+    budget: ByteBudget | None = None
+    requeue: Callable[[], Awaitable[None]] | None = None
 
 
 class RangeReader:
@@ -45,9 +62,8 @@ class RangeReader:
     """
 
     def __init__(self, backend: Backend, url: str, *, start: int = 0, end: int | None = None,
-                 policy: RetryPolicy, stats: Stats | None = None, expect: ObjectIdentity | None = None,
-                 what: str = "the index or checkpoint",
-                 requeue: Callable[[], Awaitable[None]] | None = None, budget: ByteBudget | None = None) -> None:
+                 expect: ObjectIdentity | None = None, context: ReadContext | None = None,
+                 what: str = "the index or checkpoint") -> None:
         if start < 0 or (end is not None and end < start):
             raise ValueError(f"bad byte range [{start}, {end}) for {redact_url(url)}")
         self.backend = backend
@@ -56,16 +72,14 @@ class RangeReader:
         self.start = start
         self.end = end
         self.pos = start
-        self.policy = policy
-        self.stats = stats
+        self.context = context = context if context is not None else ReadContext()
+        self.policy, self.stats = context.policy, context.stats
         self.expect = expect
         self.what = what
-        #: Awaited before retrying a throttled request: the engine gives its concurrency token back and
-        #: waits for one, so a retry never pushes the request count above a limit the autotuner lowered.
-        self.requeue = requeue
-        #: While a stream is open its backend's ``capabilities.buffer_allowance`` (what the transport may buffer outside
-        #: the engine's counters) is counted here, so the budget bounds real memory at any concurrency.
-        self.budget = budget
+        self.requeue = context.requeue
+        #: While a stream is open its backend's ``capabilities.buffer_allowance`` (what the transport may buffer
+        #: outside the engine's counters) is counted here, so the budget bounds real memory at any concurrency.
+        self.budget = context.budget
         capabilities = capabilities_of(backend)
         #: Opens after the first (and the first too, when ``expect`` is given) are conditional on the version
         #: already seen, where the backend can send the condition (``If-Match``, ``ifGenerationMatch``).

@@ -29,6 +29,7 @@ from ..engine.channel import SampleChannel
 from ..engine.engine import Engine
 from ..engine.failures import leaves
 from ..engine.grouping import Sample
+from ..engine.spec import StreamSpec
 from ..engine.work import ItemDone
 from ..errors import SampleError, ServiceError
 from ..io.budget import ByteBudget
@@ -170,11 +171,11 @@ class Session:
         config = self.service.session_config(message.get("settings") or {})
         self.budget = budget = ByteBudget(config.max_buffered_bytes)
         channel = InBandChannel(budget, ordered=config.deterministic)
-        engine = Engine(items, backends=self.service.backends_for(message.get("backend_options")),
-                        channel=channel, config=config, handler=channel.handler, stats=self.stats,
+        engine = Engine(items, StreamSpec(config, channel.handler),
+                        backends=self.service.backends_for(message.get("backend_options")), channel=channel,
+                        stats=self.stats,
                         source=source_for(self.service.cache_for(message.get("cache")), config.retry, self.stats),
-                        limiter=self.service.limiter,
-                        yield_tokens=True)
+                        limiter=self.service.limiter, yield_tokens=True)
         async with TaskGroup() as group:
             task = group.create_task(engine.run())
             try:

@@ -34,7 +34,7 @@ from ..engine.shard import ShardParse, read_shard
 from ..errors import BackendError, UrlError
 from ..index.format import ShardEntry
 from ..io import Backend, ObjectIdentity
-from ..io.reader import RangeReader
+from ..io.reader import RangeReader, ReadContext
 from ..urls import redact_url, scheme_of
 from .dest import Destination, check_destination, open_destination
 
@@ -125,7 +125,7 @@ async def copy_shard(backend: Backend, src: str, dst: str, *, policy: RetryPolic
 
     policy = policy or RetryPolicy()
     report = CopyReport(redact_url(src), redact_url(dst))
-    reader = RangeReader(backend, src, policy=policy)
+    reader = RangeReader(backend, src, context=ReadContext(policy))
     parse = ShardParse(report.src)
     queue: asyncio.Queue[bytes | None] = asyncio.Queue(QUEUE_CHUNKS)
     rows: list[tuple[str, int, int]] = []  # (key, offset, end) per sample: its bytes are dropped at once
