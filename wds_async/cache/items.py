@@ -12,7 +12,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import aiofiles
 import aiofiles.os
@@ -25,8 +25,19 @@ from ..stats import Stats
 from ..urls import redact_url
 from .files import IDENTITY_FIELDS, META_VERSION, touch, unlink, unlock
 
-if TYPE_CHECKING:
-    from .disk import ShardCache
+
+class ShardCache(Protocol):
+    """What hits, fills and prechecks need of the cache that made them (:class:`wds_async.cache.disk.ShardCache`
+    is the one); declared here so that this module does not import the one that imports it."""
+
+    validate: bool
+    max_bytes: int | None
+
+    def cacheable(self, url: str) -> bool: ...
+
+    def path(self, url: str, suffix: str = "") -> str: ...
+
+    def make_room(self, incoming: int, keep: str | None = None) -> bool: ...
 
 __all__ = ["FILL_WRITE_BYTES", "CacheFill", "CacheHit", "Prechecks", "store_identity"]
 
