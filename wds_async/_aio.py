@@ -11,17 +11,14 @@ things it leaves to its caller are done here once:
   what an abandoned open returns, :class:`Inflight` runs calls so that :func:`close_file` can wait for the
   ones still in their threads first, and a close is never lost to a second cancellation.
 * **Atomic files.** :class:`AsyncFileWriter` writes under a temporary name next to its target and makes
-  the target appear only complete (flush, fsync, ``os.replace``); the shard cache writes a shard there
-  while it streams to the loader, ``wds-async cp`` and the local writers write their shards with it.
-  Temporary names end in :data:`PARTIAL_SUFFIX` and start with a dot, so a sweep after a crash finds
-  them (:func:`is_partial`) and a glob for ``*.tar`` does not.
+  the target appear only complete (flush, fsync, ``os.replace``): the rule of :mod:`wds_async._atomic`, from
+  the loop (``wds-async cp`` writes its local destinations with it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import secrets
 from collections.abc import Awaitable, Iterable
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -29,6 +26,7 @@ import aiofiles
 import aiofiles.os
 from aiofiles.threadpool.binary import AsyncFileIO
 
+from ._atomic import PARTIAL_SUFFIX, is_partial, partial_path
 from .errors import BackendError, PermissionDenied
 
 if TYPE_CHECKING:
@@ -39,20 +37,12 @@ __all__ = ["PARTIAL_SUFFIX", "AsyncFileWriter", "Inflight", "close_file", "is_pa
 T = TypeVar("T")
 OpenMode = Literal["rb", "wb", "xb", "ab", "r+b"]
 
-#: The ending of every temporary file :class:`AsyncFileWriter` creates.
-PARTIAL_SUFFIX = ".wds-partial"
 
 _fsync = aiofiles.os.wrap(os.fsync)
 _pwrite = aiofiles.os.wrap(os.pwrite)
 
 #: Cleanups (closes, discards) still running after their caller was cancelled; held so that they finish.
 _cleanups: set[asyncio.Future[None]] = set()
-
-
-def is_partial(name: str) -> bool:
-    """True for the name of a temporary file of :class:`AsyncFileWriter` (complete or left by a crash)."""
-    base = os.path.basename(name)
-    return base.startswith(".") and base.endswith(PARTIAL_SUFFIX)
 
 
 def _close_now(f: AsyncFileIO) -> None:
@@ -173,9 +163,9 @@ class AsyncFileWriter:
     def __init__(self, target: str | os.PathLike[str], *, buffer_bytes: int = 1 << 20) -> None:
         self.target = os.fspath(target)
         self.buffer_bytes = buffer_bytes
-        directory, name = os.path.split(os.path.abspath(self.target))
-        #: The temporary file; it exists from :meth:`open` until :meth:`commit` or :meth:`discard`.
-        self.path = os.path.join(directory, f".{name}.{secrets.token_hex(6)}{PARTIAL_SUFFIX}")
+        #: The temporary file (the one rule, :func:`wds_async._atomic.partial_path`); it exists from :meth:`open`
+        #: until :meth:`commit` or :meth:`discard`.
+        self.path = partial_path(self.target)
         #: Bytes handed to ``write`` (buffered ones included); ``pwrite`` does not move it.
         self.position = 0
         self._file: AsyncFileIO | None = None

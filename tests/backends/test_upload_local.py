@@ -1,4 +1,4 @@
-"""The local sink (a ``.partial-`` file renamed into place), what ``open_sink`` accepts, and the writers'
+"""The local sink (a ``.x.tar.<random>.wds-partial`` file renamed into place), what ``open_sink`` accepts, and the writers'
 all-or-nothing rule on local files."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import wds_async as wds
+from wds_async._atomic import is_partial
 from wds_async.write.sinks import Sink, open_sink
 from wds_async.write.sinks.local import LocalSink
 
@@ -25,7 +26,7 @@ def test_the_file_appears_whole_at_close(tmp_path: Path) -> None:
     assert sink.write(b"abc") == 3 and sink.write(memoryview(b"def")) == 3
     sink.flush()
     [partial] = _names(tmp_path)
-    assert partial.startswith("x.tar.partial-") and not target.exists()
+    assert is_partial(partial) and partial.startswith(".x.tar.") and not target.exists()
     sink.close()
     sink.close()
     assert _names(tmp_path) == ["x.tar"] and target.read_bytes() == b"abcdef"
@@ -104,4 +105,4 @@ def test_shard_writer_index_records_the_committed_size(tmp_path: Path) -> None:
             shards.write({"__key__": f"k{i}", "txt": "a" * i})
     entries = wds.ShardIndex.load(tmp_path / "index.jsonl").shards
     assert [e.size for e in entries] == [os.path.getsize(pattern % n) for n in range(3)]
-    assert not [name for name in _names(tmp_path) if ".partial-" in name]
+    assert not [name for name in _names(tmp_path) if is_partial(name)]

@@ -35,6 +35,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
+from .._atomic import AtomicFile
 from .._loop import run_private
 from ..backends.file import local_path
 from ..config import EngineConfig
@@ -192,15 +193,9 @@ class ShardIndex:
         data = self.dumps()
         if local.endswith(".gz"):
             data = gzip.compress(data, mtime=0)
-        tmp = f"{local}.tmp-{os.getpid()}"
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, local)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        with AtomicFile(local) as out:
+            out.write(data)
+            out.commit()
 
     @classmethod
     def load(cls, source: str | os.PathLike[str], *,

@@ -16,7 +16,7 @@ absolute (``/x``, ``\\x``, ``C:x``), has an empty or ``..`` component (``/`` and
 or holds NUL. A rejected sample writes nothing: all fields are encoded and checked before any byte.
 
 Where the bytes go (:mod:`wds_async.write.sinks`): a local path or ``file://`` URL is written to
-``PATH.partial-<random>`` and renamed into place when the shard is closed; ``s3://``, ``gs://``, ``az://``
+``.NAME.<random>.wds-partial`` (:mod:`wds_async._atomic`) and renamed into place when the shard is closed; ``s3://``, ``gs://``, ``az://``
 and Azure https URLs stream as multipart, resumable or block uploads with the reading side's credentials
 (``backend_options=``, the same environment), holding about three parts in memory (``part_bytes=``,
 retried per ``retry=``), committed when the shard is closed. A shard that fails (an error mid-sample, a

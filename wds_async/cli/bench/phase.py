@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..._atomic import AtomicFile
 from ..common import wds_error
 
 __all__ = ["REPORT_EVERY", "main"]
@@ -51,11 +52,10 @@ class _Reporter:
     def write(self, nbytes: int | None, samples: int | None) -> None:
         if self.path is None:
             return
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as fh:
-            fh.write(f"{-1 if nbytes is None else nbytes} {-1 if samples is None else samples} "
-                     f"{time.perf_counter() - self._t0}\n")
-        os.replace(tmp, self.path)  # the parent never reads half a line
+        with AtomicFile(self.path, durable=False) as out:  # the parent never reads half a line
+            out.write(f"{-1 if nbytes is None else nbytes} {-1 if samples is None else samples} "
+                      f"{time.perf_counter() - self._t0}\n".encode())
+            out.commit()
 
 
 def _rss() -> int:

@@ -5,7 +5,7 @@ A sink is a small synchronous object (:class:`Sink`): ``write()`` bytes, then ``
 already there stays as it was); if committing fails, the sink aborts first and then raises. One thread
 at a time calls it (which thread may change between calls); store uploads run in its own threads.
 
-* local paths and ``file://``: :class:`~.local.LocalSink` writes ``PATH.partial-<random>`` beside the
+* local paths and ``file://``: :class:`~.local.LocalSink` writes ``.NAME.<random>.wds-partial`` beside the
   target, fsyncs it and renames it into place on ``close()`` (unlinked on ``abort()``);
 * ``s3://``: a multipart upload (boto3), parts uploaded in the background, ``put_object`` for an object
   smaller than one part (:mod:`.s3`);

@@ -1,19 +1,17 @@
-"""A local file written whole or not at all: ``PATH.partial-<random>`` beside it, renamed on ``close()``.
-
-The temporary file lives in the target's directory (so ``os.replace`` is an atomic rename on one file
-system), is fsynced before the rename, and is unlinked by ``abort()``: a reader never sees half a shard,
-and a crash leaves at most a ``.partial-`` file, never a short ``PATH``. A target that exists and is not a
-regular file (``/dev/null``, a FIFO) is written in place: there is nothing to rename over it.
+"""A local file written whole or not at all, through :class:`wds_async._atomic.AtomicFile`: a temporary file
+beside it (``.NAME.<random>.wds-partial``), fsynced and renamed on ``close()``, unlinked by ``abort()``. A reader
+never sees half a shard, and a crash leaves at most a partial file, never a short ``PATH``. A target that exists
+and is not a regular file (``/dev/null``, a FIFO) is written in place: there is nothing to rename over it.
 """
 
 from __future__ import annotations
 
 import os
-import secrets
 import stat
 from contextlib import suppress
 from typing import IO
 
+from ..._atomic import AtomicFile
 from ...backends.file import local_path
 from ...errors import BackendError, NotFound, PermissionDenied
 from ...io import ObjectIdentity
@@ -42,12 +40,16 @@ class LocalSink:
             special = not stat.S_ISREG(os.stat(self.path).st_mode)
         except OSError:
             special = False
-        #: Where the bytes go until ``close()``; None when the target is written in place.
-        self.partial: str | None = None if special else f"{self.path}.partial-{secrets.token_hex(6)}"
+        self._atomic: AtomicFile | None = None
         try:
-            self._file: IO[bytes] = open(self.partial or self.path, "xb" if self.partial else "wb")  # noqa: SIM115
+            if special:
+                self._file: IO[bytes] | AtomicFile = open(self.path, "wb")  # noqa: SIM115
+            else:
+                self._file = self._atomic = AtomicFile(self.path)
         except OSError as exc:
             raise _os_error(exc, "create the file", self.url) from None
+        #: Where the bytes go until ``close()``; None when the target is written in place.
+        self.partial: str | None = self._atomic.path if self._atomic is not None else None
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         try:
@@ -67,13 +69,12 @@ class LocalSink:
         if self.closed:
             return
         try:
-            self._file.flush()
-            if self.partial is not None:
-                os.fsync(self._file.fileno())
-            self._file.close()
-            if self.partial is not None:
-                os.replace(self.partial, self.path)
-            size = os.stat(self.path).st_size if self.partial is not None else None
+            if self._atomic is not None:
+                self._atomic.commit()
+            else:
+                self._file.flush()
+                self._file.close()  # type: ignore[union-attr]
+            size = os.stat(self.path).st_size if self._atomic is not None else None
         except OSError as exc:
             error = _os_error(exc, "finish the file", self.url)
         except BaseException:
@@ -90,7 +91,7 @@ class LocalSink:
             return
         self.closed = True
         with suppress(OSError):
-            self._file.close()
-        if self.partial is not None:
-            with suppress(OSError):
-                os.unlink(self.partial)
+            if self._atomic is not None:
+                self._atomic.discard()
+            else:
+                self._file.close()  # type: ignore[union-attr]
