@@ -85,7 +85,10 @@ class EngineConfig:
             batch (the batch in the consumer's hand is outside ``max_buffered_bytes``).
         connect_timeout: seconds to establish a connection.
         read_timeout: seconds without a single byte before a stream counts as stalled.
-        deterministic: deliver samples shard by shard in shard-list order instead of as they arrive.
+        deterministic: deliver samples shard by shard in shard-list order, as webdataset does (the default;
+            downloads still run in parallel and the shards after a slow one wait in the byte budget). False
+            interleaves the shards in flight as their bytes arrive: no sample waits behind a slow shard, at the
+            price of an order that changes from run to run; for pipelines that shuffle anyway.
         retry: the retry policy for transient errors.
     """
 
@@ -101,7 +104,7 @@ class EngineConfig:
     handoff_max_bytes: int = 16 * MiB
     connect_timeout: float = 30.0
     read_timeout: float = 60.0
-    deterministic: bool = False
+    deterministic: bool = True
     retry: RetryPolicy = dataclasses.field(default_factory=RetryPolicy)
 
     def __post_init__(self) -> None:

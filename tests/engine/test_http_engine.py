@@ -39,10 +39,12 @@ def test_deterministic_order_is_shard_order(pattern: str, store: StoreProcess) -
     slow = pattern + "?ttfb=0.05&bw=2e6"
     ordered = [s["__key__"] for s in wds.WebDataset(slow, max_connections=8, deterministic=True)]
     assert ordered == sequential
+    by_default = [s["__key__"] for s in wds.WebDataset(slow, max_connections=8)]
+    assert by_default == sequential, "webdataset's order (shard by shard) is the default"
 
 
 def test_interleaves_shards_in_flight(store: StoreProcess) -> None:
-    ds = wds.WebDataset(store.base_url + "shard-{000000..000003}.tar?bw=1e6", max_connections=4)
+    ds = wds.WebDataset(store.base_url + "shard-{000000..000003}.tar?bw=1e6", max_connections=4, deterministic=False)
     urls = [s["__url__"] for s in ds]
     first_quarter = set(urls[: len(urls) // 4])
     assert len(first_quarter) > 1, "samples of the shards in flight should arrive interleaved"

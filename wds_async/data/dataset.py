@@ -59,7 +59,8 @@ class WebDataset(FluidPipeline):
         detshuffle: accepted for compatibility; the shard shuffle is always deterministic in ``(seed, epoch)``.
         resampled: draw shards with replacement, endlessly, per rank and worker.
         repeat: iterate the shards again and again (``.repeat()``).
-        deterministic: deliver samples shard by shard in shard order (default: as they arrive).
+        deterministic: deliver samples shard by shard in shard order, as webdataset does (default True);
+            False interleaves the shards in flight as their bytes arrive (see ``EngineConfig.deterministic``).
         max_connections: requests in flight: ``"auto"`` (default; tuned at run time within this process's
             share of the node, see :mod:`wds_async.engine.autotune`) or a fixed int.
         part_bytes: shards larger than this are fetched as concurrent ranged parts (0: never).
