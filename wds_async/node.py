@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -119,10 +120,11 @@ def local_processes() -> int:
     override = _env(ENV_PROCESSES, _parse_int)
     if override is not None:
         return override
-    from torch.utils.data import get_worker_info  # here: the CLI imports this module and needs no torch
-
     ranks = _env("LOCAL_WORLD_SIZE", _parse_int) or 1
-    info = get_worker_info()
+    # A DataLoader worker has always imported torch; asking only where it is loaded keeps torch out of the command
+    # line, the service and installs without torch.
+    loaded = sys.modules.get("torch.utils.data")
+    info = None if loaded is None else loaded.get_worker_info()
     return ranks * (info.num_workers if info is not None else 1)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -141,6 +142,13 @@ def _noop() -> None:
     return None
 
 
+def _dataloader_worker() -> Any:
+    """``torch.utils.data.get_worker_info()`` (None outside a DataLoader worker), asked without importing torch: a
+    worker has always imported it, so where it is not loaded (no torch installed, the command line) there is none."""
+    loaded = sys.modules.get("torch.utils.data")
+    return None if loaded is None else loaded.get_worker_info()
+
+
 class _Publisher:
     """Copies one worker's :class:`Stats` into its slot: now, every ``PUBLISH_INTERVAL`` s, and on ``stop()``."""
 
@@ -194,9 +202,7 @@ class SharedStats:
         """In a DataLoader worker: clear this worker's slot, copy ``stats`` into it every ``PUBLISH_INTERVAL``
         seconds from a small thread (so the counters stay live while the worker waits on the DataLoader's
         queue), and return ``stop()``, which writes them a last time. Elsewhere: nothing, and a no-op ``stop``."""
-        from torch.utils.data import get_worker_info
-
-        info = get_worker_info()
+        info = _dataloader_worker()
         if info is None or info.id >= MAX_WORKERS:
             return _noop
         return _Publisher(self._array, info.id * _WIDTH, min(info.num_workers, MAX_WORKERS), stats).stop
@@ -220,9 +226,7 @@ class SharedStats:
         """The snapshot ``stats()`` shows: in the main process, the latest run of its DataLoader workers, summed
         (with a ``workers`` count), unless ``local`` (this process's own iteration) started after them; in a
         worker, ``local``."""
-        from torch.utils.data import get_worker_info
-
-        rows = [] if get_worker_info() is not None else self._slots()
+        rows = [] if _dataloader_worker() is not None else self._slots()
         if not rows or (local is not None and _to_monotonic(local.started) > max(r["started"] for r in rows)):
             return (local or Stats()).snapshot()
         workers = int(max(rows, key=lambda r: r["started"])["workers"])

@@ -35,6 +35,7 @@ import numpy as np
 
 from ..engine.grouping import Sample
 from ..errors import DecodingError, MissingDependency
+from ._torch import require_torch
 from .handlers import reraise_exception
 
 __all__ = [
@@ -177,6 +178,7 @@ def basichandlers(key: str, data: bytes) -> Any:
 def _unpickling_basichandlers(key: str, data: bytes, *, weights_only: bool) -> Any:
     extension = _last_extension(key)
     if extension == "pth":
+        require_torch("decoding a .pth field (torch.load)")
         import torch
 
         return torch.load(io.BytesIO(data), weights_only=weights_only, map_location="cpu")
@@ -219,6 +221,8 @@ class ImageHandler:
     def __init__(self, imagespec: str, extensions: Iterable[str] = IMAGE_EXTENSIONS) -> None:
         if imagespec not in IMAGE_SPECS:
             raise ValueError(f"unknown imagespec {imagespec!r}; use one of {' '.join(IMAGE_SPECS)}")
+        if IMAGE_SPECS[imagespec][0] == "torch":  # at .decode("torchrgb"), not at the first sample
+            require_torch(f"the {imagespec!r} image decoder")
         self.imagespec = imagespec
         self.extensions = frozenset(extensions.split() if isinstance(extensions, str) else extensions)
 

@@ -19,8 +19,7 @@ import sys
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from torch.utils.data import IterableDataset
-
+from ._torch import IterableDataset
 from .handlers import resolve_handler
 from .stages import patterns as _p
 from .stages import plain as _s

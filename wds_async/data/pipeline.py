@@ -20,14 +20,13 @@ import itertools
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any
 
-from torch.utils.data import DataLoader, IterableDataset
-
 from ..config import EngineConfig
 from ..engine.bridge import Bridge
 from ..engine.grouping import Sample
 from ..engine.spec import StreamSpec
 from ..engine.work import ItemDone
 from ..stats import Stats
+from ._torch import DataLoader, IterableDataset, require_torch
 from .fluid import FluidPipeline
 from .handlers import reraise_exception, resolve_handler
 from .stages.base import Stage
@@ -159,7 +158,9 @@ class FluidWrapper(DataPipeline):
 
 class WebLoader(DataPipeline):
     """A ``torch.utils.data.DataLoader`` with the fluid interface: ``WebLoader(ds, num_workers=4,
-    batch_size=None).unbatched().shuffle(1000).batched(64)``."""
+    batch_size=None).unbatched().shuffle(1000).batched(64)``. Needs torch (``pip install 'wds-async[torch]'``);
+    without it, constructing one raises :class:`~wds_async.errors.MissingDependency`."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        require_torch("WebLoader (a torch DataLoader)")
         super().__init__(DataLoader(*args, **kwargs))

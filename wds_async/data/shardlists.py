@@ -20,10 +20,9 @@ from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from typing import Any
 
-from torch.utils.data import IterableDataset
-
 from ..errors import UrlError
 from ..urls import expand_urls
+from ._torch import IterableDataset
 from .stages.base import pipelinefilter
 from .topology import node_info, worker_info
 

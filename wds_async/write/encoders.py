@@ -87,7 +87,7 @@ def _tenbin(value: Any) -> bytes:
 
 
 def _torch(value: Any) -> bytes:
-    torch = _need("torch", "torch")
+    torch = _need("torch", "'wds-async[torch]'")  # the extra; write/ cannot import data/_torch.py (layers)
     out = io.BytesIO()
     torch.save(value, out)
     return out.getvalue()

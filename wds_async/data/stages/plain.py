@@ -84,9 +84,9 @@ def _combine(values: Sequence[Any], field: str = "the samples") -> Any:
     first = values[0]
     if isinstance(first, (int, float)):
         return np.array(list(values))
-    import torch
+    from .._torch import Tensor  # torch.Tensor, or without torch a stand-in that no value is an instance of
 
-    if isinstance(first, (torch.Tensor, np.ndarray)):
+    if isinstance(first, (Tensor, np.ndarray)):
         shape = tuple(first.shape)
         other = next((i for i, v in enumerate(values) if tuple(v.shape) != shape), None)
         if other is not None:
@@ -95,7 +95,11 @@ def _combine(values: Sequence[Any], field: str = "the samples") -> Any:
                 f"sample {other} of {len(values)}; the default collation stacks equal shapes only. Pad or crop "
                 "them in a collation_fn (.batched(n, collation_fn=my_collate)), or get lists of samples with "
                 ".batched(n, collation_fn=list)")
-        return torch.stack(list(values)) if isinstance(first, torch.Tensor) else np.array(list(values))
+        if isinstance(first, np.ndarray):
+            return np.array(list(values))
+        import torch
+
+        return torch.stack(list(values))
     return list(values)
 
 
