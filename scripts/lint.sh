@@ -10,5 +10,5 @@ cd "$(dirname "$0")/.."
 .venv/bin/mypy
 .venv/bin/lint-imports
 if [ -f mkdocs.yml ]; then
-    .venv/bin/mkdocs build --strict --quiet --site-dir .site
+    NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir .site
 fi
