@@ -23,10 +23,17 @@ this tree at the boundary; nothing above the backends sees a foreign exception t
 
 Context lives in attributes (``url``, ``offset``, ``member``), never appended to ``args``; ``str()``
 renders them after the message so a log line always names the shard and the byte.
+
+Every error scrubs its own ``message`` and ``url`` (at construction and whenever either is set again) with
+:func:`scrub_secrets`, the project's one credential scrubber, so a password or a signature reaches neither
+``str()``, ``repr()``, a traceback, a log line nor a pickled copy, whoever raised the error and whatever URL it
+was given. The scrubber lives here, at the bottom of the layers, for that reason;
+:func:`wds_async.urls.redact_url` and :func:`wds_async.urls.redact_text` are its public names.
 """
 
 from __future__ import annotations
 
+import re
 import tarfile
 
 __all__ = [
@@ -49,19 +56,118 @@ __all__ = [
     "WdsError",
 ]
 
+# -- the scrubber ------------------------------------------------------------------------------------------------
+# Text-level on purpose: it never parses a URL, so a URL that urllib or yarl refuse (an unclosed ``[``, a missing
+# slash) is scrubbed like any other, and so is a URL inside a message, a repr or a shell command.
+
+#: A parameter (``name=value`` after ``?``, ``&``, ``;`` or ``#``, or standing alone in text) whose value is shown
+#: as ``***``: names ending in one of these words, case-insensitively (``X-Amz-Signature``, ``access_token``,
+#: ``AWSAccessKeyId``, ``api_key``, ``GoogleAccessId``, Azure's ``sig``, ``AccountKey`` and
+#: ``SharedAccessSignature``); Azure SAS fields by their exact names; and every ``X-Amz-*`` / ``X-Goog-*``
+#: parameter except the four that only say how and when a URL was signed (kept: they explain an expired URL).
+_SECRET_NAME = re.compile(
+    r"(?:sig|signature|token|jwt|credentials?|secret|password|passwd|passphrase|pass|pwd|key|keyid|accessid|auth"
+    r"|authorization|bearer|session|sessionid|cookie|hmac|sas)$"
+    r"|^(?:se|sp|sv|skoid|sktid|skt|ske|sks|skv)$"
+    r"|^x-(?:amz|goog)-(?!(?:algorithm|date|expires|signedheaders)$)",
+    re.IGNORECASE,
+)
+#: Where a parameter name may start: the start of the text, a URL's delimiters (``?&;#``), or what separates
+#: words in text (blanks, quotes, brackets, ``,|:~``). Not after ``/``: a path segment such as ``key=3`` (hive
+#: style partitions) names data, not a credential, and stays visible (and part of a shard's identity).
+_PARAM_START = r"(?:^|(?<=[?&;#\s'\"(\[{<,|:~]))"
+#: In a string that is one URL, a value runs to the next ``&``, ``;``, ``#`` or blank; in free text it also stops
+#: at quotes, brackets and backslashes, which end a URL quoted in a message or a repr.
+_URL_PARAM = re.compile(_PARAM_START + r"([\w.-]+)=([^&;#\s]*)")
+_TEXT_PARAM = re.compile(_PARAM_START + r"([\w.-]+)=([^&;#\s'\"<>()\[\]\\]*)")
+#: ``scheme://userinfo@`` (also ``//userinfo@``, and the malformed ``scheme:/userinfo@`` and ``scheme:userinfo@``).
+#: The authority runs to the first ``/``, ``?``, ``#`` or blank, as RFC 3986 reads it, whatever follows (a host
+#: that no parser accepts included); the userinfo is everything before its last ``@``, so an ``@`` or a ``:``
+#: inside a password is masked with the rest.
+_USERINFO = re.compile(r"(?P<lead>(?:[A-Za-z][A-Za-z0-9+.-]*:)?//|[A-Za-z][A-Za-z0-9+.-]*:/?)"
+                       r"(?P<auth>[^/?#\s\"<>\\]*)@")
+#: ``Bearer TOKEN`` (an Authorization header in a ``pipe:curl`` command or a client's message), and anything
+#: shaped like a JSON Web Token wherever it stands.
+_BEARER = re.compile(r"\b(bearer\s+)[^\s'\"<>]+", re.IGNORECASE)
+_JWT = re.compile(r"\beyJ[\w-]{4,}\.[\w-]{4,}\.[\w-]*")
+_HINTS = ("@", "=", "eyJ", "earer")  # text holding none of these has nothing to scrub (the common case: fast)
+
+
+def _mask_userinfo(m: re.Match[str]) -> str:
+    lead, auth = m.group("lead"), m.group("auth")
+    if not lead.endswith("/"):
+        # ``scheme:userinfo@`` (or ``user:password@`` with no scheme at all): which part is the user is not
+        # knowable, so all of it goes.
+        return f"{lead}***@" if auth else m.group(0)
+    if ":" not in auth:
+        return m.group(0)  # a user name alone is shown, as before
+    return f"{lead}{auth.split(':', 1)[0]}:***@"
+
+
+def _mask_param(m: re.Match[str]) -> str:
+    name, value = m.group(1), m.group(2)
+    if not value or value == "***" or not _SECRET_NAME.search(name):
+        return m.group(0)
+    return f"{name}=***"
+
+
+def scrub_secrets(text: str, *, one_url: bool = False) -> str:
+    """``text`` with every credential replaced by ``***``: the password of ``scheme://user:password@`` (the user
+    name is kept), the whole userinfo of a malformed ``scheme:user:password@``, the value of every secret
+    parameter (see ``_SECRET_NAME``) in a query, a ``;``-parameter or a ``#``-fragment, a ``Bearer`` token and
+    a JSON Web Token. Works on any string, parsable as a URL or not; text with nothing to hide comes back
+    unchanged, and scrubbing twice changes nothing more.
+
+    ``one_url=True`` says that ``text`` is a single URL, so a value runs to the next ``&``, ``;``, ``#`` or
+    blank; in free text (the default) a quote, bracket or backslash ends it too, as it ends a URL quoted in a
+    message."""
+    if not any(hint in text for hint in _HINTS):
+        return text
+    text = _USERINFO.sub(_mask_userinfo, text)
+    text = (_URL_PARAM if one_url else _TEXT_PARAM).sub(_mask_param, text)
+    text = _BEARER.sub(r"\1***", text)
+    return _JWT.sub("***", text)
+
+
+def _scrub_url(url: str | None) -> str | None:
+    """An error's ``url``: one URL (or a ``pipe:`` command, scrubbed as text), None as it is."""
+    if url is None:
+        return None
+    return scrub_secrets(url, one_url=not any(c.isspace() for c in url))
+
 
 class WdsError(Exception):
     """Base of every error wds-async raises.
 
-    ``url`` is the shard (already redacted of credentials by whoever raised), ``offset`` the byte
-    position in the (decompressed) shard stream where the problem was seen, when known.
+    ``url`` is the shard, ``offset`` the byte position in the (decompressed) shard stream where the problem
+    was seen, when known. ``message`` and ``url`` are scrubbed of credentials (:func:`scrub_secrets`) when the
+    error is made and whenever they are set again, so that no caller can let a secret through.
     """
 
     def __init__(self, message: str, *, url: str | None = None, offset: int | None = None) -> None:
         super().__init__(message)
-        self.message = message
+        self.message = message  # both properties: scrubbed on the way in
         self.url = url
         self.offset = offset
+
+    @property
+    def message(self) -> str:
+        """The message (the first of ``args``), scrubbed."""
+        return self._message
+
+    @message.setter
+    def message(self, value: str) -> None:
+        self._message = scrub_secrets(value) if isinstance(value, str) else value
+        self.args = (self._message,)
+
+    @property
+    def url(self) -> str | None:
+        """The shard's URL (or the service's socket), scrubbed; None when not known."""
+        return self._url
+
+    @url.setter
+    def url(self, value: str | None) -> None:
+        self._url = _scrub_url(value) if isinstance(value, str) else value
 
     def __str__(self) -> str:
         where = []
@@ -133,7 +239,7 @@ class PipeError(BackendError):
     ) -> None:
         super().__init__(message, url=url, offset=offset)
         self.returncode = returncode
-        self.stderr_tail = stderr_tail
+        self.stderr_tail = scrub_secrets(stderr_tail)  # a command's own output may echo its URL
 
 
 class ShardFormatError(WdsError, ValueError, tarfile.ReadError):

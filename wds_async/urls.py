@@ -19,9 +19,9 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Sequence
-from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import SplitResult, urlsplit, urlunsplit
 
-from .errors import UrlError
+from .errors import UrlError, scrub_secrets
 
 __all__ = ["braceexpand", "expand_env", "expand_urls", "redact_text", "redact_url", "scheme_of", "url_key"]
 
@@ -204,18 +204,6 @@ def scheme_of(url: str) -> str:
     return "file"
 
 
-#: Query parameters whose value is a secret or signs one (S3/GCS presigned URLs, Azure SAS, API tokens);
-#: matched on the end of the name, so ``X-Amz-Signature``, ``access_token`` and ``AWSAccessKeyId`` are caught.
-_SECRET_PARAMS = re.compile(
-    r"(sig|signature|token|credential|secret|password|passwd|pwd|key|keyid|auth|authorization|se|sp|sv)$",
-    re.IGNORECASE,
-)
-#: A URL inside free text (an exception message), up to a quote, bracket or blank.
-_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()\[\]]+")
-#: A secret query parameter outside any URL we could parse (a relative URL, a bare query string).
-_PARAM_IN_TEXT = re.compile(r"(?<![A-Za-z0-9_-])([A-Za-z0-9_-]+)=([^&\s'\"<>()\[\]]+)")
-
-
 def _network_parts(url: str) -> SplitResult | None:
     """The parts of a URL with a ``scheme://`` authority; None for paths, ``pipe:`` and unparsable text."""
     if url.startswith("pipe:") or "://" not in url:
@@ -227,41 +215,36 @@ def _network_parts(url: str) -> SplitResult | None:
 
 
 def redact_url(url: str) -> str:
-    """Remove what must never reach a log: userinfo passwords and signing/SAS query values (replaced by
-    ``***``). The one URL scrubber of the project; a URL with nothing to hide comes back unchanged."""
-    parts = _network_parts(url)
-    if parts is None:
+    """``url`` as it may be shown and stored: passwords in the userinfo, and the values of signing, SAS and token
+    parameters in its query, ``;``-parameters and fragment, replaced by ``***`` (see
+    :func:`~wds_async.errors.scrub_secrets`, the project's one scrubber). Text-level: a URL no parser accepts
+    (``http://u:pw@[::1/x``) is scrubbed the same way. A URL with nothing to hide comes back unchanged.
+
+    A ``pipe:`` command is returned as it is: it is a shard's identity in an index (entries are matched to a
+    job's URLs by it); use :func:`redact_text` to show one, as errors and the command line do."""
+    if url.startswith("pipe:"):
         return url
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, host = netloc.rsplit("@", 1)
-        user = userinfo.split(":", 1)[0]
-        netloc = f"{user}:***@{host}" if ":" in userinfo else f"{user}@{host}"
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        if any(_SECRET_PARAMS.search(k) for k, _v in pairs):
-            query = urlencode([(k, "***" if _SECRET_PARAMS.search(k) else v) for k, v in pairs], safe="*")
-    if netloc == parts.netloc and query == parts.query:
-        return url  # nothing to hide: keep the text exactly as given (urlunsplit would drop an empty "//")
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    return scrub_secrets(url, one_url=not any(c.isspace() for c in url))
 
 
 def redact_text(text: str) -> str:
-    """:func:`redact_url` applied to every URL inside ``text`` (an exception message from a client library),
-    and secret ``name=value`` query parameters outside a URL masked as well."""
-    text = _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), text)
-    return _PARAM_IN_TEXT.sub(
-        lambda m: f"{m.group(1)}=***" if _SECRET_PARAMS.search(m.group(1)) and m.group(2) != "***" else m.group(0),
-        text)
+    """Any text (an exception message from a client library, a traceback, a ``pipe:`` command, a repr) with
+    every credential in it replaced by ``***``: userinfo passwords of the URLs in it, secret ``name=value``
+    parameters inside or outside a URL, ``Bearer`` tokens and JSON Web Tokens."""
+    return scrub_secrets(text)
 
 
 def url_key(url: str) -> str:
     """``url`` without query, fragment and userinfo (scheme and host lower-cased): what names a shard in an
-    index or a checkpoint, so a job may come back with freshly signed URLs for the same objects. Paths and
-    ``pipe:`` commands are kept as they are."""
-    parts = _network_parts(url)
+    index or a checkpoint, so a job may come back with freshly signed URLs for the same objects. ``pipe:``
+    commands are kept as they are, and so are paths (unless they hold something shaped like a credential).
+
+    Computed from :func:`redact_url`'s form, so that a URL and its redacted copy (what an index stores) have
+    the same key: a secret ``;``-parameter in the path is masked in both, and a URL that cannot be parsed is
+    its redacted text."""
+    shown = redact_url(url)
+    parts = _network_parts(shown)
     if parts is None:
-        return url
+        return shown
     host = parts.netloc.rsplit("@", 1)[-1].lower()
     return urlunsplit((parts.scheme.lower(), host, parts.path, "", ""))

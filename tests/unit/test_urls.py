@@ -1,11 +1,17 @@
 from __future__ import annotations
 
+import pickle
+import string
+import traceback
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import wds_async as wds
-from wds_async.errors import UrlError
+from wds_async.errors import BackendError, NotFound, PipeError, SampleTooLarge, TransientError, UrlError
 from wds_async.io.urlcheck import check_url
-from wds_async.urls import braceexpand, expand_env, expand_urls, redact_url, scheme_of
+from wds_async.urls import braceexpand, expand_env, expand_urls, redact_text, redact_url, scheme_of, url_key
 
 
 @pytest.mark.parametrize(
@@ -168,3 +174,178 @@ def test_an_http_glob_fails_at_construction(url: str) -> None:
 
 def test_an_http_query_question_mark_is_not_a_glob() -> None:
     assert wds.WebDataset("https://h/train-000.tar?x=1").urls == ["https://h/train-000.tar?x=1"]
+
+
+# -- the scrubber: text-level, whatever the URL's shape (item 9) ----------------------------------------------------
+
+#: The probe's strings and their neighbours: userinfo before a host no parser accepts, a ``;``-parameter, ``jwt=``
+#: and a ``#``-fragment, none of which the urlsplit-based scrubber caught.
+@pytest.mark.parametrize(("url", "shown"), [
+    ("http://u:PASS@[::1/x.tar?sig=S", "http://u:***@[::1/x.tar?sig=***"),
+    ("http://h/x.tar;sig=SEMI", "http://h/x.tar;sig=***"),
+    ("http://h/x.tar?jwt=JWTVALUE", "http://h/x.tar?jwt=***"),
+    ("http://h/x.tar#sig=FRAG", "http://h/x.tar#sig=***"),
+    ("http://h/x.tar?a=1#access_token=T&token_type=bearer", "http://h/x.tar?a=1#access_token=***&token_type=bearer"),
+    ("http://u:p@ss:w@rd@h/x", "http://u:***@h/x"),  # an unencoded @ in the password
+    ("http:/u:PASS@h/x.tar", "http:/u:***@h/x.tar"),  # one slash: malformed, still scrubbed
+    ("http:u:PASS@h/x.tar", "http:***@h/x.tar"),
+    ("u:PASS@h/x.tar", "u:***@h/x.tar"),  # no scheme at all
+    ("//u:PASS@h/x.tar", "//u:***@h/x.tar"),
+    ("https://h/x.tar?SIG=A&Sig=B&X-AMZ-SIGNATURE=C", "https://h/x.tar?SIG=***&Sig=***&X-AMZ-SIGNATURE=***"),
+    ("https://h/x.tar?GoogleAccessId=sa%40p.iam&Expires=9&Signature=s",
+     "https://h/x.tar?GoogleAccessId=***&Expires=9&Signature=***"),
+    ("https://h/x?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIA%2F2024&X-Amz-Date=20240101T000000Z"
+     "&X-Amz-Expires=900&X-Amz-SignedHeaders=host&X-Amz-Signature=ab12",
+     "https://h/x?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=***&X-Amz-Date=20240101T000000Z"
+     "&X-Amz-Expires=900&X-Amz-SignedHeaders=host&X-Amz-Signature=***"),
+    ("https://h/x?x-goog-security-token=t&X-Goog-Date=d", "https://h/x?x-goog-security-token=***&X-Goog-Date=d"),
+    ("https://a.blob.core.windows.net/c/b?sv=1&skoid=o&sktid=t&sig=s", "https://a.blob.core.windows.net/c/b?sv=***"
+     "&skoid=***&sktid=***&sig=***"),
+    ("https://h/x?token=eyJhbGciOi.eyJzdWIiOiIx.c2lnbmF0dXJl/with+slash==", "https://h/x?token=***"),
+    ("https://h/x/eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.sig_part/y.tar", "https://h/x/***/y.tar"),
+])
+def test_redact_url_does_not_depend_on_url_parsing(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+    assert redact_url(shown) == shown  # idempotent
+    assert redact_text(url) == shown
+
+
+@pytest.mark.parametrize("url", [
+    "s3://bucket/date=2024-01-01/key=3/part-000.tar",  # hive-style partitions: data, not credentials
+    "https://h/x.tar?X-Amz-Date=20240101T000000Z&X-Amz-Expires=900&Expires=1700000000&alt=media&part=3",
+    "https://user@h/x.tar",  # a user name alone is shown, as before
+    "https://h:8443/a%20b/x.tar?response-content-type=application/x-tar",
+    "pipe:curl -s https://u:p@h/x",  # redact_url keeps a pipe: command as it is (an index's key); see below
+    "gs:///no-bucket",
+])
+def test_what_is_safe_to_show_stays(url: str) -> None:
+    assert redact_url(url) == url
+
+
+def test_redact_text_scrubs_a_pipe_command_and_headers() -> None:
+    cmd = "pipe:curl -s -H 'Authorization: Bearer tok123' https://u:pw@h/x.tar?sig=abc"
+    assert redact_text(cmd) == "pipe:curl -s -H 'Authorization: Bearer ***' https://u:***@h/x.tar?sig=***"
+
+
+def test_redact_text_stops_at_the_quotes_of_a_repr() -> None:
+    text = "failed: URL('https://h/c/b?sv=1&sig=S%3D') (url='http://h/x;token=T', 'http://u:P@[::1/y')"
+    assert redact_text(text) == ("failed: URL('https://h/c/b?sv=***&sig=***') (url='http://h/x;token=***', "
+                                 "'http://u:***@[::1/y')")
+
+
+def test_url_key_matches_a_url_and_its_redacted_copy() -> None:
+    for url in ("http://h/x.tar;sig=A", "https://u:p@H/x.tar?sig=1#sig=2", "http://u:PASS@[::1/x.tar?sig=S",
+                "/data/a.tar", "pipe:cat /data/a.tar", "s3://b/key=3/x.tar"):
+        assert url_key(url) == url_key(redact_url(url))
+    assert url_key("http://h/x.tar;sig=A") == url_key("http://h/x.tar;sig=B") == "http://h/x.tar;sig=***"
+    assert url_key("s3://b/key=3/x.tar") != url_key("s3://b/key=4/x.tar")  # partitions keep their identity
+
+
+# -- errors scrub their own message and url -------------------------------------------------------------------------
+
+def test_an_error_scrubs_what_it_is_given_and_what_it_is_given_later() -> None:
+    url = "http://u:PASS@[::1/x.tar;sig=SEMI#sig=FRAG"
+    err = UrlError(f"cannot read {url!r} (jwt=JWTSECRET)", url=url, offset=3)
+    later = BackendError("x", url="http://h/x.tar")
+    later.message = "retrying http://u:LATERPASS@h/x.tar?X-Amz-Signature=LATERSIG"
+    later.url = "http://h/x.tar;token=LATERTOKEN"
+    pipe = PipeError("exited 1", url="pipe:curl -s https://u:PIPEPASS@h/x", returncode=1,
+                     stderr_tail="curl: (22) https://h/x?sig=TAILSIG: 403")
+    for error in (err, later, pipe):
+        shown = "\n".join([str(error), repr(error), str(error.url), error.message, str(error.args),
+                           str(pickle.loads(pickle.dumps(error))), repr(pickle.loads(pickle.dumps(error))),
+                           "".join(traceback.format_exception(error)), getattr(error, "stderr_tail", "")])
+        for secret in ("PASS", "SEMI", "FRAG", "JWTSECRET", "LATERPASS", "LATERSIG", "LATERTOKEN", "PIPEPASS",
+                       "TAILSIG"):
+            assert secret not in shown, (secret, shown)
+    assert err.url == "http://u:***@[::1/x.tar;sig=***#sig=***" and err.offset == 3
+    assert later.args == (later.message,) == ("retrying http://u:***@h/x.tar?X-Amz-Signature=***",)
+
+
+def test_an_error_rebuilt_from_the_service_protocol_is_scrubbed() -> None:
+    from wds_async.service.protocol import error_from_json
+
+    err = error_from_json({"type": "NotFound", "message": "HTTP 404 for http://u:PW@h/x?sig=S1",
+                           "url": "http://h/x;sig=S2"})
+    assert isinstance(err, NotFound)
+    assert "PW" not in str(err) + repr(err) and "S1" not in str(err) + repr(err) and "S2" not in str(err)
+
+
+def test_sample_errors_keep_their_context() -> None:
+    err = SampleTooLarge("member too large", url="http://h/x.tar?sig=S", offset=512, key="token=abc", size=9,
+                         limit=1)
+    assert str(err) == "member too large (url=http://h/x.tar?sig=***, offset=512, key=token=abc)"
+
+
+# -- hypothesis: a secret in any of those positions never shows, whatever else the URL holds --------------------------
+
+#: Characters a secret may hold. In a single URL (redact_url, an error's url): everything a query value or a
+#: userinfo may hold by RFC 3986, and more; free text ends a value at a quote or bracket too, so those are left out
+#: of the values put into messages.
+_URL_VALUE = string.ascii_letters + string.digits + "-._~!$*+,=:@/?%'()[]{}|^`"
+_TEXT_VALUE = string.ascii_letters + string.digits + "-._~!$*+,=:@/?%{}|^`"
+_PASSWORD = string.ascii_letters + string.digits + "-._~!$&'()*+,;=:%@[]"
+_NAMES = ["sig", "Sig", "SIGNATURE", "X-Amz-Signature", "X-Amz-Credential", "X-Amz-Security-Token",
+          "x-amz-security-token", "X-Goog-Signature", "X-Goog-Credential", "token", "access_token", "jwt", "JWT",
+          "key", "api_key", "apikey", "AWSAccessKeyId", "GoogleAccessId", "password", "passwd", "credential",
+          "secret", "client_secret", "auth", "SharedAccessSignature", "AccountKey", "se", "sp", "sv"]
+_MARK = "QX7"  # starts every secret; nothing else a strategy draws can hold it
+
+
+@st.composite
+def _secret_urls(draw: st.DrawFn, value_chars: str) -> tuple[str, str, str]:
+    """A URL with secrets in the userinfo and in a query / ;-parameter / fragment position, the same URL with
+    other secrets, and with the secrets replaced by a plain letter: redaction must give all three the same."""
+    scheme = draw(st.sampled_from(["http://", "https://", "s3://", "gs://", "az://", "HTTP://", "http:/", "//"]))
+    user = draw(st.text("abcdefgh0123456789._-", max_size=6))
+    host = draw(st.sampled_from(["h", "127.0.0.1:9", "[::1", "[::1]:8080", "[bad", "acct.blob.core.windows.net", ""]))
+    path = draw(st.text("abcdefgh0123456789/._-", max_size=12))
+    name = draw(st.sampled_from(_NAMES))
+    where = draw(st.sampled_from(["?", "?a=1&", ";", "?a=1#", "#", "?a=1;", "#a=1&"]))
+    tail = draw(st.sampled_from(["", "&keep=1", "#frag", ";v=2", "&X-Amz-Date=20240101"]))
+    userinfo = draw(st.booleans())
+    secrets = [[_MARK + draw(st.text(value_chars, max_size=20)) for _ in range(2)] for _ in range(2)]
+
+    def build(password: str, value: str) -> str:
+        auth = f"{user}:{password}@" if userinfo else ""
+        return f"{scheme}{auth}{host}/{path}{where}{name}={value}{tail}"
+
+    pw_chars = set(_PASSWORD)
+    secrets[0][0] = _MARK + "".join(c for c in secrets[0][0][len(_MARK):] if c in pw_chars)
+    secrets[1][0] = _MARK + "".join(c for c in secrets[1][0][len(_MARK):] if c in pw_chars)
+    return build(*secrets[0]), build(*secrets[1]), build("Z", "Z")
+
+
+@settings(max_examples=600, deadline=None)
+@given(urls=_secret_urls(_URL_VALUE))
+def test_no_secret_survives_redact_url(urls: tuple[str, str, str]) -> None:
+    one, other, plain = urls
+    shown = redact_url(one)
+    assert _MARK not in shown, (one, shown)
+    assert shown == redact_url(other) == redact_url(plain), (one, other)  # nothing of the secret is left
+    assert url_key(one) == url_key(other) == url_key(redact_url(one))
+
+
+@settings(max_examples=400, deadline=None)
+@given(urls=_secret_urls(_URL_VALUE))
+def test_no_secret_survives_in_an_errors_url(urls: tuple[str, str, str]) -> None:
+    def shown(url: str) -> str:
+        err = TransientError("stalled", url=url, offset=7)
+        return "\n".join([str(err), repr(err), str(pickle.loads(pickle.dumps(err)))])
+
+    one, other, _plain = urls
+    assert _MARK not in shown(one), shown(one)
+    assert shown(one) == shown(other)
+
+
+@settings(max_examples=400, deadline=None)
+@given(urls=_secret_urls(_TEXT_VALUE), quote=st.sampled_from(["{!r}", "'{}'", '"{}"', "({})", "<{}>", "[{}]", "{}"]))
+def test_no_secret_survives_in_free_text(urls: tuple[str, str, str], quote: str) -> None:
+    def shown(url: str) -> str:
+        text = "GET " + quote.format(url) + " failed: 403, message='Forbidden'"
+        err = BackendError(text, url=None)
+        return "\n".join([redact_text(text), str(err), repr(err)])
+
+    one, other, _plain = urls
+    assert _MARK not in shown(one), shown(one)
+    assert shown(one) == shown(other)

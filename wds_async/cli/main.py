@@ -4,8 +4,9 @@ Each subcommand lives in a module of its own (``_cli_ls``, ``_cli_cache``, ``_cl
 ``_cli_verify``, ``_cli_index``, ``_cli_serve``, ``_bench_cli``, ``_tune_cli``) with ``add_arguments(parser)`` and
 ``command(args) -> exit status``. Here they are wired up, and bad input is turned into one line: a
 :class:`~wds_async.errors.WdsError` (also one inside an exception group) prints ``wds-async: error: ...``
-naming the URL, exit status 2. Ctrl-C exits with 130, and a closed stdout (``wds-async cat URL | head``)
-ends the command quietly.
+naming the URL, exit status 2; any other exception prints its traceback, scrubbed of credentials like every
+log line (:func:`~wds_async.urls.redact_text`), exit status 1. Ctrl-C exits with 130, and a closed stdout
+(``wds-async cat URL | head``) ends the command quietly.
 
 Commands that print results (``ls``, ``verify``, ``cat``, ``cp``) take ``--json``: one JSON object per line (JSON
 Lines) with the keys their module docstrings list. Live progress goes to stderr only.
@@ -57,9 +58,31 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _ScrubbingFormatter(logging.Formatter):
+    """Log lines (with their tracebacks) through the credential scrubber: what the command logs never shows a
+    password or a signature, whoever logged it."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        from ..urls import redact_text
+
+        return redact_text(super().format(record))
+
+
+def _print_traceback(exc: BaseException) -> None:
+    """Python's traceback of ``exc``, scrubbed: an unexpected error still says where it came from (for a bug
+    report), and the URLs in its messages and in the frames' source lines carry no credentials."""
+    import traceback
+
+    from ..urls import redact_text
+
+    print(redact_text("".join(traceback.format_exception(exc))), end="", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    handler = logging.StreamHandler()  # stderr, as basicConfig's own
+    handler.setFormatter(_ScrubbingFormatter("%(message)s"))
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, handlers=[handler])
     from .common import wds_error
 
     try:
@@ -73,8 +96,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BaseException as exc:
         error = wds_error(exc)
         if error is None:
-            raise
-        print(f"wds-async: error: {error}", file=sys.stderr)
+            if not isinstance(exc, Exception):
+                raise  # SystemExit, GeneratorExit: not errors to report
+            _print_traceback(exc)  # what Python would print, less the credentials, and its exit status
+            return 1
+        print(f"wds-async: error: {error}", file=sys.stderr)  # a WdsError scrubs its own message and url
         return 2
 
 

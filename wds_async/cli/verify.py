@@ -89,9 +89,9 @@ async def _verify_one(backends: Any, url: str, on_bytes: Callable[[int], None]) 
     from contextlib import aclosing
 
     from ..errors import WdsError
-    from ..urls import redact_url
+    from ..urls import redact_text
 
-    report = ShardReport(redact_url(url))
+    report = ShardReport(redact_text(url))  # as text: a pipe: command's URLs are scrubbed too
 
     def count(n: int) -> None:
         report.bytes += n

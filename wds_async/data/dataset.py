@@ -37,7 +37,7 @@ from ..node import share_config
 from ..service.options import check_service_options, service_settings
 from ..service.paths import default_socket_path, resolve_service
 from ..stats import SharedStats, Stats
-from ..urls import expand_urls, redact_url, scheme_of
+from ..urls import expand_urls, redact_text, redact_url, scheme_of
 from .epoch import Planner
 from .fluid import FluidPipeline
 from .handlers import resolve_handler
@@ -345,7 +345,8 @@ class WebDataset(FluidPipeline):
         return snapshot
 
     def __repr__(self) -> str:
-        shown = redact_url(self.urls[0]) + (f" ... ({len(self.urls)} shards)" if len(self.urls) > 1 else "")
+        # redact_text, not redact_url: a pipe: command's URLs are scrubbed too (a repr is only shown, never a key)
+        shown = redact_text(self.urls[0]) + (f" ... ({len(self.urls)} shards)" if len(self.urls) > 1 else "")
         return f"WebDataset({shown!r}, stages={len(self._stages)}, config={self.config})"
 
 
