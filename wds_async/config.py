@@ -1,5 +1,7 @@
 """Engine settings: :class:`EngineConfig` and its :class:`RetryPolicy`, frozen dataclasses validated at
-construction (a bad value is a ``ValueError`` when the dataset is built, not at the first batch).
+construction (a bad value is a ``ValueError`` when the dataset is built, not at the first batch). Every size
+option has a floor, and ``chunk_bytes`` a ceiling, that keep the process bounded (:data:`SIZE_LIMITS`, with
+the reasons).
 
 Defaults are deliberate:
 
@@ -21,10 +23,83 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["EngineConfig", "RetryPolicy"]
+__all__ = ["SIZE_LIMITS", "EngineConfig", "RetryPolicy", "check_size"]
 
+KiB = 1 << 10
 MiB = 1 << 20
 GiB = 1 << 30
+
+# -- the limits of the size options -------------------------------------------------------------------------------
+# Each byte-count option has a floor below which the process is no longer bounded by what the options say
+# (or the option no longer means anything), and a ceiling where a larger value multiplies memory. A value
+# outside is a ValueError at construction naming the option, the value, the range and the fix; the node
+# service checks its clients' settings by building an EngineConfig, so this is the one place.
+
+#: The smallest ``part_bytes`` other than 0 (never split). The engine plans every part of an object when its
+#: first answer arrives, about 1.8 KB of bookkeeping each (measured: a part with its chunk queue and event),
+#: so the plan costs about 1.8 KB / part_bytes of the object's size. At ``part_bytes=1`` a 16 MB shard is 16
+#: million parts, about 29 GB: the MemoryError, and through the service the 16 GB that stalled every other
+#: client. At 32 KiB that shard is at most 512 parts (under 1 MiB of plan), a 1 GiB shard 32768 parts (about
+#: 57 MiB), and the plan never exceeds 5.6% of the object (0.01% at the 16 MiB default); parts this small are
+#: already more request round trips than bytes. 32 KiB and not more: it is the size the backend contract, the
+#: cache and the service tests pass on purpose to exercise ranged parts on shards of a few hundred KiB.
+MIN_PART_BYTES = 32 * KiB
+#: The smallest ``chunk_bytes``: each chunk is a ``bytes`` object (33 bytes of header) in a queue, plus a
+#: parser call and a budget update; at 1 byte a 256 MiB budget would take some 12 GiB of overhead. At 4 KiB
+#: (a page) the overhead stays under about 1.5%.
+MIN_CHUNK_BYTES = 4 * KiB
+#: The largest ``chunk_bytes``: every reader may hold one chunk beyond ``max_buffered_bytes`` (the overdraft
+#: that keeps a full budget from blocking the bytes the consumer waits for), so memory can reach the budget
+#: plus connections x chunk_bytes; 64 MiB x 256 connections is already 16 GiB, and larger reads gain no
+#: throughput (a socket read returns a few MiB at most).
+MAX_CHUNK_BYTES = 64 * MiB
+#: The smallest ``max_buffered_bytes``, ``max_sample_bytes`` and ``handoff_max_bytes``: two tar blocks (a
+#: header and one block of data). A budget below one sample still works (the overdraft lets one sample
+#: through at a time; a test runs the engine at exactly 1 KiB for that), but below two blocks every read
+#: overdraws and the option bounds nothing; so small a value is most likely a unit slip (256 meant as MiB).
+#: No ceiling: each of these is itself the bound on memory (and the hand-off is at most an eighth of the
+#: budget whatever it says).
+MIN_BYTES = 1 * KiB
+
+#: ``name: (floor, ceiling or None, what the option is)`` of every size option of :class:`EngineConfig`. The
+#: counts (connections, ``handoff_max_samples``) only need to be positive ints.
+SIZE_LIMITS: dict[str, tuple[int, int | None, str]] = {
+    "part_bytes": (MIN_PART_BYTES, None, ""),
+    "chunk_bytes": (MIN_CHUNK_BYTES, MAX_CHUNK_BYTES, "the most read in one step; the default, 1 MiB, suits "
+                    "every store"),
+    "max_buffered_bytes": (MIN_BYTES, None, "the engine's memory budget; the default is 256 MiB"),
+    "max_sample_bytes": (MIN_BYTES, None, "the largest sample accepted; the default is 1 GiB"),
+    "handoff_max_bytes": (MIN_BYTES, None, "the most bytes handed to the consumer at once; the default is 16 MiB"),
+}
+
+
+def _size_text(n: int) -> str:
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit} ({n:,} bytes)"
+    return f"{n:,} bytes"
+
+
+def check_size(name: str, value: object, *, shown: str | None = None, zero: bool | None = None) -> int:
+    """``value`` when it is an int in the range :data:`SIZE_LIMITS` gives ``name`` (or 0 where ``zero``, by
+    default for ``part_bytes``: never split), else a ValueError naming the option (``shown``, default
+    ``EngineConfig.<name>``), the value, the range and what to do. Also for options elsewhere that feed these
+    settings (``wds-async tune --part-bytes``, with ``zero=False``)."""
+    low, high, what = SIZE_LIMITS[name]
+    zero = name == "part_bytes" if zero is None else zero
+    if not isinstance(value, int) or isinstance(value, bool):
+        fix = "pass a whole number of bytes"
+    elif value < low and not (value == 0 and zero):
+        fix = f"raise it to {_size_text(low)} or more"
+    elif high is not None and value > high:
+        fix = f"lower it to {_size_text(high)} or less"
+    else:
+        return value
+    span = f"{_size_text(low)} to {_size_text(high)}" if high is not None else f"at least {_size_text(low)}"
+    if zero:
+        span, what = f"0 (never split) or {span}", "or pass 0 to read every object in one stream"
+    raise ValueError(f"{shown or 'EngineConfig.' + name}={value!r} is out of range: it takes {span}. To fix, {fix}"
+                     + (f" ({what})." if what else "."))
 
 
 def _positive_int(name: str, value: object, alternative: str = "") -> None:
@@ -68,10 +143,11 @@ class EngineConfig:
         min_connections / start_connections / connection_cap: the autotuner's floor, first value and
             ceiling (the node budget lowers the ceiling to this process's share).
         part_bytes: a shard larger than this is fetched as concurrent ranged parts of this size, fed to
-            its parser in order (0: never split). ``pipe:`` sources are always read sequentially.
+            its parser in order (0: never split; else at least 32 KiB, see :data:`MIN_PART_BYTES`). ``pipe:``
+            sources are always read sequentially.
         max_buffered_bytes: global bound on bytes read from sources and not yet handed to the consumer,
             across all shards. A single sample larger than this still passes, one at a time, up to
-            ``max_sample_bytes``.
+            ``max_sample_bytes``. At least 1 KiB.
         max_sample_bytes: the largest member, and the largest sample (its fields summed), accepted. A tar
             header that announces more fails its shard with :class:`~wds_async.errors.SampleTooLarge`
             (url, offset, key) before any of those bytes is buffered; the handler decides as for any shard
@@ -80,7 +156,7 @@ class EngineConfig:
             clearly instead of growing memory until the process dies with a bare ``MemoryError``; raise it
             for larger samples. Memory per sample can still reach about twice this: a member is read whole
             (and joined into one ``bytes``) before the sample's sum is checked.
-        chunk_bytes: largest read from a source in one step.
+        chunk_bytes: largest read from a source in one step (4 KiB to 64 MiB).
         handoff_max_samples / handoff_max_bytes: the most the bridge hands to the consumer thread in one
             batch (the batch in the consumer's hand is outside ``max_buffered_bytes``).
         connect_timeout: seconds to establish a connection.
@@ -110,11 +186,10 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.max_connections != "auto":
             _positive_int("max_connections", self.max_connections, 'or "auto"')
-        for name in ("min_connections", "start_connections", "connection_cap", "max_buffered_bytes",
-                     "max_sample_bytes", "chunk_bytes", "handoff_max_samples", "handoff_max_bytes"):
+        for name in ("min_connections", "start_connections", "connection_cap", "handoff_max_samples"):
             _positive_int(name, getattr(self, name))
-        if not isinstance(self.part_bytes, int) or isinstance(self.part_bytes, bool) or self.part_bytes < 0:
-            raise ValueError(f"EngineConfig.part_bytes must be an int >= 0 (0: no parts), got {self.part_bytes!r}")
+        for name in SIZE_LIMITS:  # floors and ceilings of the byte counts, with their reasons above
+            check_size(name, getattr(self, name))
         if self.min_connections > self.connection_cap:
             raise ValueError(f"EngineConfig.min_connections ({self.min_connections}) is above connection_cap "
                              f"({self.connection_cap})")

@@ -217,3 +217,67 @@ def test_errors_pickle_with_context() -> None:
     back = pickle.loads(pickle.dumps(err))
     assert (back.url, back.offset, back.returncode, str(back)) == ("pipe:x", 5, 2, str(err))
     assert os.fspath  # keep import used
+
+
+# -- absurd sizes are refused at construction (hardening item 3) ------------------------------------------------------
+
+@pytest.mark.parametrize(("options", "fragment"), [
+    ({"part_bytes": 1}, "EngineConfig.part_bytes=1 is out of range"),
+    ({"part_bytes": 4096}, "EngineConfig.part_bytes=4096 is out of range"),
+    ({"max_buffered_bytes": 1}, "EngineConfig.max_buffered_bytes=1 is out of range"),
+    ({"max_sample_bytes": 16}, "EngineConfig.max_sample_bytes=16 is out of range"),
+    ({"part_bytes": -1}, "EngineConfig.part_bytes=-1 is out of range"),
+])
+def test_an_absurd_size_is_refused_before_anything_is_read(store: StoreProcess, options: dict,  # type: ignore[type-arg]
+                                                           fragment: str) -> None:
+    # part_bytes=1 used to plan one ranged part per byte of the shard, about 1.8 KB of bookkeeping each: 460 MB for
+    # this 256 KiB shard, a MemoryError for a large one
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="To fix") as info:
+        wds.WebDataset(store.base_url + "shard-000000.tar", **options)
+    assert fragment in str(info.value)
+    assert time.monotonic() - started < 20, "refused at construction, within seconds"
+
+
+def test_the_smallest_part_size_still_reads_every_sample(store: StoreProcess, manifest: dict) -> None:  # type: ignore[type-arg]
+    # the floor (32 KiB) is what tests pass to exercise ranged parts on these ~256 KiB shards
+    ds = wds.WebDataset(store.base_url + "shard-000000.tar", part_bytes=32 << 10, deterministic=True)
+    assert sum(1 for _ in ds) == manifest["shards"][0]["samples"]
+    assert ds.stats()["parts"] > 1
+
+
+# -- credentials in any position never reach an error, a repr or a log line (hardening item 9) ------------------------
+
+_SECRETS = ("hunter2", "SEMISECRET", "FRAGSECRET", "JWTSECRET")
+
+
+def test_secrets_in_unparsable_positions_never_reach_errors_or_repr(store: StoreProcess) -> None:
+    userinfo = store.base_url.replace("http://", "http://user:hunter2@")
+    for url, shown in [(userinfo + "gone.tar;sig=SEMISECRET", userinfo.replace("hunter2", "***") + "gone.tar;sig=***"),
+                       (store.base_url + "gone.tar#sig=FRAGSECRET&jwt=JWTSECRET",
+                        store.base_url + "gone.tar#sig=***&jwt=***")]:
+        ds = wds.WebDataset([url], retry=FAST_RETRY)
+        assert shown in repr(ds)
+        with pytest.raises(wds.NotFound) as info:
+            list(ds)
+        err = info.value
+        text = "\n".join([str(err), repr(err), str(err.url), err.message, repr(ds)])  # type: ignore[attr-defined]
+        assert err.url == shown, text  # type: ignore[attr-defined]
+        assert "HTTP 404" in text
+        for secret in _SECRETS:
+            assert secret not in text, (secret, text)
+
+
+def test_retry_log_lines_carry_no_secret(store: StoreProcess, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    caplog.set_level(logging.DEBUG, logger="wds_async")
+    url = store.url("shard-000000.tar", status=500).replace("http://", "http://user:hunter2@") + "#sig=FRAGSECRET"
+    with pytest.raises(wds.TransientError) as info:
+        _drain([url])
+    retried = [r.getMessage() for r in caplog.records if "retrying" in r.getMessage()]
+    assert retried, [r.getMessage() for r in caplog.records]  # the retry was logged, naming the shard
+    assert all("shard-000000.tar" in line and "user:***@" in line for line in retried), retried
+    for line in [*(r.getMessage() for r in caplog.records), str(info.value)]:
+        for secret in _SECRETS:
+            assert secret not in line, (secret, line)

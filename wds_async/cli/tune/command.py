@@ -34,10 +34,12 @@ def _ints(text: str) -> list[int]:
 
 
 def _sizes(text: str) -> list[int]:
+    from ...config import check_size
     from ...node import parse_bytes
 
-    try:
-        return [parse_bytes(x, "--part-bytes") for x in text.split(",") if x.strip()]
+    try:  # the engine's floor for part_bytes: a tiny part size would plan millions of parts per object
+        return [check_size("part_bytes", parse_bytes(x, "--part-bytes"), shown="--part-bytes", zero=False)
+                for x in text.split(",") if x.strip()]
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

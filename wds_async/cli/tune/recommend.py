@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ...config import check_size
 from ...node import ENV_BUFFERED_BYTES, ENV_CONNECTIONS, MIN_BUFFERED_BYTES, MIN_CONNECTIONS
 from .sweep import Measurement, Progress, run_sweep
 
@@ -183,8 +184,8 @@ def tune(urls: str | Sequence[str], *, levels: Sequence[int] = DEFAULT_LEVELS, m
     chosen = _check_levels(levels, max_level)
     if not seconds > 0:
         raise ValueError(f"seconds must be > 0, got {seconds!r}")
-    if any(not isinstance(p, int) or p < 1 for p in part_bytes):
-        raise ValueError(f"part sizes must be positive byte counts, got {list(part_bytes)}")
+    for size in part_bytes:  # the engine's floor (32 KiB): the sweep plans every part of every object up front
+        check_size("part_bytes", size, shown="part_bytes", zero=False)
     if ranks < 1 or workers < 1:
         raise ValueError(f"ranks and workers must be at least 1, got {ranks} and {workers}")
     listed = expand_urls(urls if isinstance(urls, str) else list(urls))
