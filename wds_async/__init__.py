@@ -81,6 +81,7 @@ if TYPE_CHECKING:
     from .index.build import build_index
     from .index.format import ShardEntry, ShardIndex
     from .io import register_backend
+    from .metrics import serve_metrics
     from .urls import braceexpand, expand_urls
     from .write.writer import ShardWriter, TarWriter
 
@@ -163,6 +164,7 @@ __all__ = [
     "merge_states",
     "ignore_and_stop",
     "register_backend",
+    "serve_metrics",
     "reraise_exception",
     "split_by_node",
     "split_by_worker",

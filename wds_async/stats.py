@@ -10,21 +10,27 @@ with the process (it pickles as itself only while a process is being spawned; an
 ``deepcopy`` gets a fresh block). Each worker writes its counters into the slot of its worker id from a
 small thread, every ``PUBLISH_INTERVAL`` seconds and when its iteration ends; the main process sums the slots of the
 latest run. A sequence number per slot (odd while written) lets a reader skip a half-written slot.
+
+:func:`watched`: the live counters of this process, for :mod:`wds_async.metrics` to export: every
+:class:`SharedStats` that has counted something (a dataset iterated here or by its DataLoader workers), and the
+:class:`Stats` objects handed to :func:`watch` (the node service's).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import multiprocessing
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.context import get_spawning_popen
 from typing import Any
 
-__all__ = ["PUBLISH_INTERVAL", "SharedStats", "Stats"]
+__all__ = ["PUBLISH_INTERVAL", "SharedStats", "Stats", "watch", "watched"]
 
 #: Seconds between two publications of a DataLoader worker's counters (and when its iteration ends).
 PUBLISH_INTERVAL = 0.1
@@ -57,6 +63,8 @@ class Stats:
     concurrency_cap: int = 0       # the most it may allow (fixed, or the autotuner's ceiling)
     concurrency_reason: str = ""   # why the concurrency last changed
     wait_seconds: float = 0.0      # consumer time spent blocked on the engine: the starvation signal
+    #: Seconds from ``started`` (the iteration's start) to the first sample handed to the consumer.
+    first_sample_s: float | None = None
     buffered_bytes: int = 0
     buffer_limit: int = 0
     reserved_bytes: int = 0        # budget held for open streams' transport buffers (not data)
@@ -70,6 +78,13 @@ class Stats:
     def observe_ttfb(self, seconds: float) -> None:
         """Fold one request's time to first byte into the moving average."""
         self.ttfb_s = seconds if self.ttfb_s is None else 0.8 * self.ttfb_s + 0.2 * seconds
+
+    def delivered(self, count: int) -> None:
+        """Count ``count`` samples handed to the consumer; the first ones stamp ``first_sample_s``."""
+        if count:
+            self.samples_delivered += count
+            if self.first_sample_s is None:
+                self.first_sample_s = time.perf_counter() - self.started
 
     def snapshot(self) -> dict[str, Any]:
         """A dict of counters plus derived rates (MB/s uses 10**6 bytes)."""
@@ -107,6 +122,7 @@ class Stats:
             "concurrency_reason": self.concurrency_reason,
             "wait_s": round(self.wait_seconds, 3),
             "wait_fraction": round(self.wait_seconds / elapsed, 3),
+            "first_sample_s": None if self.first_sample_s is None else round(self.first_sample_s, 4),
             "node_share": None if self.node_share is None else dict(self.node_share),
         }
 
@@ -129,7 +145,7 @@ _COUNTERS = ("bytes_read", "samples_read", "samples_delivered", "shards_total", 
              "cache_fills", "open_streams",
              "concurrency", "concurrency_cap", "buffered_bytes", "buffer_limit", "reserved_bytes",
              "peak_buffered_bytes")
-_HEAD = ("seq", "workers", "started", "stamp", "wait_seconds", "ttfb_s")
+_HEAD = ("seq", "workers", "started", "stamp", "wait_seconds", "ttfb_s", "first_sample_at")
 _WIDTH = len(_HEAD) + len(_COUNTERS)
 
 
@@ -178,11 +194,36 @@ class _Publisher:
             now = time.monotonic()
             stamp = _to_monotonic(stats.finished) if stats.finished is not None else now
             ttfb = math.nan if stats.ttfb_s is None else stats.ttfb_s
-            values = [self._workers, _to_monotonic(stats.started), stamp, stats.wait_seconds, ttfb]
+            started = _to_monotonic(stats.started)
+            first = math.nan if stats.first_sample_s is None else started + stats.first_sample_s
+            values = [self._workers, started, stamp, stats.wait_seconds, ttfb, first]
             values += [getattr(stats, name) for name in _COUNTERS]
             array[base] += 1  # odd: being written
             array[base + 1:base + _WIDTH] = values
             array[base] += 1
+
+
+#: Every SharedStats of this process (datasets hold them; gone with their dataset) and the Stats watched by name.
+_SHARED: weakref.WeakSet[SharedStats] = weakref.WeakSet()
+_NAMED: dict[str, Stats] = {}
+_IDS = itertools.count()
+
+
+def watch(stats: Stats, name: str) -> None:
+    """Export ``stats`` (a live :class:`Stats`, e.g. the node service's) under the label ``name``."""
+    _NAMED[name] = stats
+
+
+def watched() -> list[tuple[str, dict[str, Any]]]:
+    """(name, snapshot) of every live set of counters of this process: the :class:`Stats` given to :func:`watch`,
+    then each :class:`SharedStats` with counts (its ``name``; a dataset's is its number in this process, in the
+    order datasets were built), its DataLoader workers summed as ``stats()`` shows them."""
+    found = [(name, stats.snapshot()) for name, stats in list(_NAMED.items())]
+    for shared in sorted(list(_SHARED), key=lambda s: s.number):
+        snap = shared.live()
+        if snap is not None:
+            found.append((shared.name, snap))
+    return found
 
 
 class SharedStats:
@@ -190,6 +231,11 @@ class SharedStats:
 
     def __init__(self, array: Any = None) -> None:
         self._array = array if array is not None else multiprocessing.RawArray("d", MAX_WORKERS * _WIDTH)
+        self._local: Stats | None = None  # the latest iteration of this process (see publish())
+        self.number = next(_IDS)
+        #: The label :func:`watched` gives these counters (``wds_async.metrics.watch(dataset, name)`` sets it).
+        self.name = str(self.number)
+        _SHARED.add(self)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # The block travels only with a process being started (spawn/forkserver: its fd is passed to the child);
@@ -201,7 +247,9 @@ class SharedStats:
     def publish(self, stats: Stats) -> Callable[[], None]:
         """In a DataLoader worker: clear this worker's slot, copy ``stats`` into it every ``PUBLISH_INTERVAL``
         seconds from a small thread (so the counters stay live while the worker waits on the DataLoader's
-        queue), and return ``stop()``, which writes them a last time. Elsewhere: nothing, and a no-op ``stop``."""
+        queue), and return ``stop()``, which writes them a last time. Elsewhere: nothing, and a no-op ``stop``.
+        Anywhere, ``stats`` becomes the local run :meth:`live` shows."""
+        self._local = stats
         info = _dataloader_worker()
         if info is None or info.id >= MAX_WORKERS:
             return _noop
@@ -222,6 +270,13 @@ class SharedStats:
                 rows.append({"slot": slot, **dict(zip(_HEAD, row))} | dict(zip(_COUNTERS, row[len(_HEAD):])))
         return rows
 
+    def live(self) -> dict[str, Any] | None:
+        """:meth:`combined` over the latest local run published here, or None when neither this process nor
+        a DataLoader worker has run one yet."""
+        if self._local is None and (_dataloader_worker() is not None or not self._slots()):
+            return None
+        return self.combined(self._local)
+
     def combined(self, local: Stats | None = None) -> dict[str, Any]:
         """The snapshot ``stats()`` shows: in the main process, the latest run of its DataLoader workers, summed
         (with a ``workers`` count), unless ``local`` (this process's own iteration) started after them; in a
@@ -233,10 +288,13 @@ class SharedStats:
         rows = [r for r in rows if r["slot"] < workers]
         first, last = min(r["started"] for r in rows), max(r["stamp"] for r in rows)
         ttfbs = [r["ttfb_s"] for r in rows if not math.isnan(r["ttfb_s"])]
+        # The first sample any worker delivered, from the first worker's start: what the training loop waited.
+        firsts = [r["first_sample_at"] for r in rows if not math.isnan(r["first_sample_at"])]
         total = Stats(started=time.perf_counter() - (time.monotonic() - first),
                       finished=time.perf_counter() - (time.monotonic() - last),
                       wait_seconds=sum(r["wait_seconds"] for r in rows),
                       ttfb_s=sum(ttfbs) / len(ttfbs) if ttfbs else None,
+                      first_sample_s=min(firsts) - first if firsts else None,
                       concurrency_reason=f"summed over {len(rows)} DataLoader workers")
         for name in _COUNTERS:
             setattr(total, name, int(sum(r[name] for r in rows)))

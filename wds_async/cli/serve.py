@@ -47,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ring-bytes", default=16 << 20, type=_size, help="each client's shared-memory ring (default 16MiB)")
     parser.add_argument("--cache-dir", default=None, help="keep a copy of every remote shard here (shard cache)")
     parser.add_argument("--cache-size", default=None, help="the most bytes the cache takes (e.g. 200GB)")
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help="serve the service's counters in Prometheus' format at http://127.0.0.1:PORT/metrics "
+                             "(needs wds-async[metrics]; docs/metrics.md)")
 
 
 def command(args: argparse.Namespace) -> int:
@@ -64,5 +67,5 @@ def command(args: argparse.Namespace) -> int:
                                                  if env("WDS_ASYNC_NODE_CONNECTIONS") else None)
     serve(args.socket, max_connections=args.max_connections, node_connections=node_connections,
           node_buffered_bytes=node_bytes, ring_bytes=args.ring_bytes, cache_dir=args.cache_dir,
-          cache_size=args.cache_size)
+          cache_size=args.cache_size, metrics_port=args.metrics_port)
     return 0

@@ -157,7 +157,7 @@ class Bridge:
             if not items and not done and not thread.is_alive():
                 raise self._thread_died()
             stats.wait_seconds += time.perf_counter() - started
-            stats.samples_delivered += len(items) - list(map(type, items)).count(ItemDone)
+            stats.delivered(len(items) - list(map(type, items)).count(ItemDone))  # stamps first_sample_s
             if items:
                 yield items
             if done:

@@ -267,19 +267,30 @@ def _answers(path: str) -> bool:
         probe.close()
 
 
-def serve(socket_path: str | None = None, *, on_ready: Callable[[], None] | None = None, **options: Any) -> None:
+def serve(socket_path: str | None = None, *, on_ready: Callable[[], None] | None = None,
+          metrics_port: int | None = None, **options: Any) -> None:
     """Run a node service on ``socket_path`` (default: :func:`~wds_async.service.paths.default_socket_path`)
     until SIGTERM or SIGINT. ``options``: :class:`Service`'s keywords (``config``, ``max_connections``,
     ``backend_options``, ``cache_dir``, ``cache_size``, ``node_connections``, ``node_buffered_bytes``,
-    ``ring_bytes``)."""
+    ``ring_bytes``). ``metrics_port``: also serve the service-wide counters in Prometheus' format on
+    127.0.0.1:PORT (:func:`wds_async.metrics.serve_metrics`, ``dataset="service"``)."""
     from .paths import default_socket_path
 
     service = Service(socket_path or default_socket_path(), **options)
+    metrics = None
+    if metrics_port is not None:
+        from ..metrics import serve_metrics
+        from ..stats import watch
+
+        watch(service.stats, "service")
+        metrics = serve_metrics(metrics_port)
     loop = new_event_loop()
     try:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, service.stop)
         loop.run_until_complete(service.run(on_ready))
     finally:
+        if metrics is not None:
+            metrics.close()
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()

@@ -89,9 +89,12 @@ def _phase_raw(urls: list[str], connections: int, reporter: _Reporter) -> dict[s
     baseline = _rss()
     total = 0
     started = cpu0 = 0.0
+    first_s: float | None = None  # the first byte, from the timed region's start
 
     def count(n: int) -> None:
-        nonlocal total
+        nonlocal total, first_s
+        if first_s is None:
+            first_s = time.perf_counter() - started
         total += n
         if reporter.due():
             reporter.write(total, None)
@@ -112,7 +115,7 @@ def _phase_raw(urls: list[str], connections: int, reporter: _Reporter) -> dict[s
                     group.create_task(worker())
 
     run_private(download_all)
-    return _finish({"bytes": total, "samples": None}, started, cpu0, baseline)
+    return _finish({"bytes": total, "samples": None, "first_s": first_s}, started, cpu0, baseline)
 
 
 def _consume(ds: Any, reporter: _Reporter, nbytes: Callable[[], int | None]) -> tuple[dict[str, Any], float, float]:
@@ -121,14 +124,17 @@ def _consume(ds: Any, reporter: _Reporter, nbytes: Callable[[], int | None]) -> 
     samples can be checked against these."""
     seen: set[tuple[str, str]] = set()
     samples = 0
+    first_s: float | None = None  # the first sample, from the timed region's start (iter() included)
     started, cpu0 = time.perf_counter(), time.process_time()
     reporter.start()
     for sample in ds:
+        if first_s is None:
+            first_s = time.perf_counter() - started
         samples += 1
         seen.add((sample["__url__"], sample["__key__"]))
         if samples % 64 == 0 and reporter.due():  # the clock is read once per 64 samples
             reporter.write(nbytes(), samples)
-    return {"samples": samples, "unique": len(seen), "_seen": seen}, started, cpu0
+    return {"samples": samples, "unique": len(seen), "_seen": seen, "first_s": first_s}, started, cpu0
 
 
 def _phase_loader(urls: list[str], connections: int | str, max_buffered_bytes: int | None,
@@ -146,7 +152,7 @@ def _phase_loader(urls: list[str], connections: int | str, max_buffered_bytes: i
     stats = ds.stats()
     result.update(bytes=stats["bytes_read"], peak_buffered=stats["peak_buffered_bytes"], wait_s=stats["wait_s"],
                   limit=ds.config.max_buffered_bytes, retries=stats["retries"], concurrency=stats["concurrency"],
-                  concurrency_reason=stats["concurrency_reason"])
+                  concurrency_reason=stats["concurrency_reason"], first_sample_s=stats["first_sample_s"])
     return _finish(result, started, cpu0, baseline)
 
 

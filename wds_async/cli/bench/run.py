@@ -185,27 +185,38 @@ def run_bench(urls: list[str], *, connections: int = 16, vs_webdataset: bool = F
     return rows
 
 
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
-    header = f"{'phase':<26}{'MB/s':>9}{'samples/s':>11}{'vs raw':>8}{'CPU s/GB':>10}{'peak MB':>9}{'samples':>9}  exactly once"
+    header = (f"{'phase':<26}{'MB/s':>9}{'samples/s':>11}{'vs raw':>8}{'CPU s/GB':>10}{'peak MB':>9}{'samples':>9}"
+              f"{'first ms':>10}  exactly once")
     lines = [header, "-" * len(header)]
     expected = next((r["samples"] for r in rows if r["name"].startswith("wds-async")), None)
     for r in rows:
         sps = f"{r['samples_s']:.0f}" if r["samples_s"] is not None else "-"
         samples = str(r["samples"]) if r["samples"] is not None else "-"
+        first = f"{r['first_s'] * 1000:.0f}" if r.get("first_s") is not None else "-"
         once = "-"
         if r.get("unique") is not None:
             once = "yes" if r["unique"] == r["samples"] else f"NO ({r['samples'] - r['unique']} duplicates)"
             if expected is not None and r["samples"] != expected:
                 once += f" (count differs: {r['samples']} vs {expected})"
         lines.append(f"{r['name']:<26}{r['mb_s']:>9.1f}{sps:>11}{r['vs_raw']:>8.2f}{r['cpu_s_per_gb']:>10.2f}"
-                     f"{r['peak_above_baseline'] / 1e6:>9.0f}{samples:>9}  {once}")
+                     f"{r['peak_above_baseline'] / 1e6:>9.0f}{samples:>9}{first:>10}  {once}")
     loader = next((r for r in rows if r["name"].startswith("wds-async")), None)
+    raw = next((r for r in rows if r["name"].startswith("raw download")), {})
     other = next((r for r in rows if r["name"].startswith("webdataset")), None)
     faulty = next((r for r in rows if r.get("faults")), None)
     if loader is not None:
         lines.append("")
         lines.append(f"wds-async / raw = {loader['vs_raw']:.2f}x; peak buffered {loader['peak_buffered'] / 1e6:.0f} MB "
                      f"of a {loader['limit'] / 1e6:.0f} MB budget; consumer waited {loader['wait_s']:.2f} s")
+        if loader.get("first_s") is not None and raw.get("first_s") is not None:
+            lines.append(f"first sample {loader['first_s'] * 1000:.0f} ms after the loop began (the engine's "
+                         f"first_sample_s: {_ms(loader.get('first_sample_s'))}), the raw read's first byte "
+                         f"{raw['first_s'] * 1000:.0f} ms: {1000 * (loader['first_s'] - raw['first_s']):+.0f} ms")
         if other is not None:
             lines.append(f"wds-async / webdataset = {loader['mb_s'] / other['mb_s']:.1f}x")
         auto = next((r for r in rows if r["name"].startswith("wds-async (auto")), None)
