@@ -27,6 +27,12 @@ remote shard (``http(s)``, ``s3``, ``gs``, ``az``; local files and ``pipe:`` are
   the copy. If it stops growing for ``stall_seconds`` (that process is blocked, say on its consumer), read the
   shard from the store without caching it, so no two processes can wait on each other forever.
 * **Anything else** (a partial item that is not cached, a shard larger than ``max_bytes``): the store.
+* **A directory this user cannot write** (read-only, on a read-only file system, or one that cannot be created):
+  copies already in it are still read; every other shard is read from the store, with one warning per process
+  naming the directory, not one per shard.
+* **A damaged copy.** A copy is checked for its size and metadata on every open, not for its bytes. A format
+  error met while reading one (the engine is told by the item's ``local`` flag) drops it (:meth:`ShardCache.drop`)
+  and the rest of the item is read from the store once; the next whole read of the shard caches it again.
 
 Eviction is least-recently-used by bytes: a hit touches the metadata file's mtime; before a fill and after a
 commit, under ``DIR/.evict.lock``, the oldest complete copies are removed until the copies plus the partial
@@ -38,35 +44,80 @@ engine reads through are in :mod:`wds_async.cache.items`, the file-level helpers
 
 Names are ``<16 hex of sha256(url)>.<basename>``: the URL with its secrets removed (a presigned URL's
 signature changes, its object does not), hashed so that any URL is a safe, distinct file name.
+
+Security. The names are predictable, so whoever can create entries in the directory could plant a link at
+``NAME.part`` or ``NAME.json.tmp`` (the cache would write shard bytes through it, as root over a root-only file)
+or a forged copy at ``NAME`` (read as the shard). Hence:
+
+* **The directory must be this user's alone.** Before its first use in a process (and when a dataset is made,
+  if the directory exists), :meth:`ShardCache.check_directory` raises :class:`UnsafeCacheDirectory` when it is
+  owned by another user, is writable by other users (``o+w``, sticky bit or not; ``chmod 700 DIR`` fixes it),
+  or is a symbolic link owned by another user (root's links are trusted). A directory the cache creates gets
+  mode 0700; an existing one of ours with mode 0755 (or group-writable) is accepted. ``wds-async cache`` applies
+  the same rule.
+* **No entry is followed or trusted unless it is a regular file of ours** (:mod:`wds_async.cache.files`): files
+  the cache writes (``.part``, ``.json.tmp``) are created with ``O_EXCL | O_NOFOLLOW`` (mode 0600) after the
+  name is unlinked; copies, metadata and locks are opened with ``O_NOFOLLOW`` and checked with ``fstat``; a link,
+  a FIFO, another user's file is treated as no copy at all (the shard is fetched and the entry replaced; a lock
+  that is not ours leaves that shard uncached, with a warning). Eviction and ``cache clear`` count and remove
+  only regular files with the cache's names, and removing a name never touches what a link points to.
+
+What is not defended: a parent directory of the cache writable by another user without the sticky bit (they
+could swap the whole path), and members of a group given write access (``g+w``) to the directory, who can
+remove entries (never make the cache trust theirs).
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import hashlib
 import json
 import logging
 import os
+import stat
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from ..config import RetryPolicy
+from ..errors import WdsError
 from ..io import ObjectIdentity
 from ..node import parse_bytes
 from ..stats import Stats
 from ..urls import redact_url, scheme_of
-from .files import IDENTITY_FIELDS, META_VERSION, size_or_minus_one, size_or_zero, touch, try_lock, unlink, unlock
+from .files import (
+    IDENTITY_FIELDS,
+    META_VERSION,
+    directory_problem,
+    is_cache_name,
+    open_entry,
+    open_lock,
+    refused,
+    size_or_minus_one,
+    size_or_zero,
+    touch,
+    try_lock,
+    unlink,
+    unlock,
+    writable,
+)
 from .items import FILL_WRITE_BYTES, CacheFill, CacheHit, Prechecks, store_identity
 
-__all__ = ["FILL_WRITE_BYTES", "CacheEntry", "CacheFill", "CacheHit", "Prechecks", "ShardCache", "make_cache"]
+__all__ = ["FILL_WRITE_BYTES", "CacheEntry", "CacheFill", "CacheHit", "Prechecks", "ShardCache",
+           "UnsafeCacheDirectory", "make_cache"]
 
 log = logging.getLogger("wds_async")
 
 #: Schemes whose objects are cached: those read over the network. Local files are already on disk, and a
 #: ``pipe:`` command has no identity to check a copy against.
 CACHED_SCHEMES = frozenset({"http", "https", "s3", "gs", "az", "azure"})
+
+
+class UnsafeCacheDirectory(WdsError, ValueError):
+    """The cache directory could let another user plant files or links in it (see "Security" in the module
+    docstring): it is another user's, writable by other users, or a link another user owns."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +160,7 @@ def make_cache(cache_dir: str | os.PathLike[str] | None, cache_size: int | str |
     cache = ShardCache(cache_dir, None if cache_size is None or cache_size < 0 else cache_size, validate=validate)
     if os.path.exists(cache.directory) and not os.path.isdir(cache.directory):
         raise ValueError(f"cache_dir {cache.directory} exists and is not a directory")
+    cache.check_directory()
     return cache
 
 
@@ -126,7 +178,9 @@ class ShardCache:
         self.max_bytes = max_bytes
         self.validate = validate
         self.stall_seconds = stall_seconds
-        self._ready_pid = 0  # the process that created the directory (checked once per process)
+        self._ready_pid = 0  # the process that created and checked the directory (once per process)
+        self._writable = True  # in that process: False once the directory proved read-only (hits only)
+        self._warned = False  # in that process: the one warning about a read-only directory was given
 
     def __repr__(self) -> str:
         return f"ShardCache({self.directory!r}, max_bytes={self.max_bytes}, validate={self.validate})"
@@ -140,12 +194,63 @@ class ShardCache:
         """Where the copy of ``url`` lives (``suffix``: ``.json``, ``.part``, ``.lock``)."""
         return os.path.join(self.directory, _name_for(url) + suffix)
 
-    def ensure_directory(self) -> None:
+    def check_directory(self) -> None:
+        """Raise :class:`UnsafeCacheDirectory` when the directory, if it exists, could let another user plant
+        files or links in it (see "Security" in the module docstring)."""
         try:
-            os.makedirs(self.directory, exist_ok=True)
+            found = directory_problem(self.directory)
+        except FileNotFoundError:
+            return
+        if found is None:
+            return
+        problem, by_chmod = found
+        remedy = (f"run `chmod 700 {self.directory}` (or `chmod o-w`), or pass another cache_dir" if by_chmod else
+                  f"pass a cache_dir of your own (or set WDS_ASYNC_CACHE_DIR), and remove {self.directory} if "
+                  "nobody should have created it")
+        raise UnsafeCacheDirectory(f"refusing the cache directory {self.directory}: it {problem}, so another user "
+                                   f"could plant links or files there for the cache to write through or read as "
+                                   f"shards; {remedy}")
+
+    def ensure_directory(self) -> str | None:
+        """Create the directory (mode 0700) if it is missing and check it (:meth:`check_directory`, which may
+        raise); return why nothing can be written in it (copies in it are still read), or None."""
+        try:
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
         except OSError as exc:
-            raise OSError(exc.errno, f"cannot create the cache directory {self.directory}: {exc.strerror}; "
-                                     "pass another cache_dir (or set WDS_ASYNC_CACHE_DIR)") from None
+            if os.path.lexists(self.directory):
+                self.check_directory()  # a link or directory planted there outranks the error
+            return f"cannot create it ({exc.strerror or exc})"
+        self.check_directory()  # after the create: whoever made the directory, it is checked as found
+        if not writable(self.directory):
+            return "it is not writable by this user"
+        return None
+
+    def _process_state(self) -> None:
+        """Forget what another process (the parent of a fork) learnt of the directory."""
+        if self._ready_pid != os.getpid():
+            self._writable, self._warned = True, False
+
+    def read_only(self, why: str) -> None:
+        """Stop filling the cache in this process (its copies are still read); one warning per process."""
+        self._writable = False
+        if not self._warned:
+            self._warned = True
+            log.warning("cache: nothing can be written in the cache directory %s: %s; shards not cached there "
+                        "are read from the store", self.directory, why)
+
+    def cannot_fill(self, url: str, exc: OSError, doing: str) -> None:
+        """Filling ``url`` failed on ``exc`` while ``doing`` it: a directory this user may not write (or a
+        read-only file system) stops every later fill in this process, with one warning; an entry of the shard
+        that is not a regular file of ours (:func:`~wds_async.cache.files.refused`), a full disk or any other
+        error concerns this shard alone (one warning for it)."""
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) and not refused(exc):
+            self.read_only(exc.strerror or str(exc))
+            return
+        if exc.errno == errno.ENOSPC:
+            why = "the disk is full"
+        else:
+            why = f"{doing} failed: {exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else "")
+        log.warning("cache: not caching %s: %s; it is read from the store", redact_url(url), why)
 
     # -- the engine's entry point ---------------------------------------------------------------------
     async def open_item(self, url: str, *, whole: bool, backend: Any, policy: RetryPolicy,
@@ -154,15 +259,22 @@ class ShardCache:
         """What the engine reads ``url`` from: a copy (:class:`CacheHit`), the store while filling the cache
         (:class:`CacheFill`, only when ``whole``), or the store alone (None)."""
         if self._ready_pid != os.getpid():
-            await asyncio.to_thread(self.ensure_directory)
+            self._process_state()
+            why = await asyncio.to_thread(self.ensure_directory)
             self._ready_pid = os.getpid()
+            if why is not None:
+                self.read_only(why)
         stalled_since: float | None = None
         seen = -1
         while True:
             hit = await self._hit(url, backend, policy, stats, prechecks)
-            if hit is not None or not whole:
+            if hit is not None or not whole or not self._writable:
                 return hit
-            fill = await asyncio.to_thread(self._take_lock, url)
+            try:
+                fill = await asyncio.to_thread(self._take_lock, url)
+            except OSError as exc:
+                self.cannot_fill(url, exc, "locking it")
+                return None
             if fill is _RETRY:
                 continue
             if fill is not None:
@@ -202,19 +314,25 @@ class ShardCache:
         return CacheHit(self, fd, identity, self.path(url))
 
     def _open_copy(self, url: str) -> tuple[int, ObjectIdentity] | None:
-        """The open data file and recorded identity of a complete copy, touching it as recently used."""
-        meta_path = self.path(url, ".json")
+        """The open data file and recorded identity of a complete copy, touching it as recently used. Its data
+        and metadata must be regular files of ours, never links (:func:`~wds_async.cache.files.open_entry`)."""
+        meta_fd = fd = -1
         try:
-            with open(meta_path, "rb") as fh:
-                meta = json.loads(fh.read())
+            meta_fd = open_entry(self.path(url, ".json"))
+            with open(meta_fd, "rb", closefd=False) as fh:
+                meta = json.loads(fh.read(_META_MAX_BYTES))
             identity = ObjectIdentity(**{k: meta.get(k) for k in IDENTITY_FIELDS})
-            fd = os.open(self.path(url), os.O_RDONLY | os.O_CLOEXEC)
-        except (OSError, ValueError, TypeError):
+            fd = open_entry(self.path(url))
+            if meta.get("version") != META_VERSION or os.fstat(fd).st_size != identity.size:
+                raise ValueError("not what was committed")  # a truncated copy, another format: never trusted
+            touch(meta_fd)
+        except (OSError, ValueError, TypeError, AttributeError):
+            if fd >= 0:
+                os.close(fd)
             return None
-        if meta.get("version") != META_VERSION or os.fstat(fd).st_size != identity.size:
-            os.close(fd)  # not what was committed (a truncated copy, another format): never trusted
-            return None
-        touch(meta_path)
+        finally:
+            if meta_fd >= 0:
+                os.close(meta_fd)
         return fd, identity
 
     def _take_lock(self, url: str) -> CacheFill | None:
@@ -233,26 +351,35 @@ class ShardCache:
             unlock(fd)
             raise
 
-    def drop(self, url: str) -> None:
-        """Forget the copy of ``url``: metadata first, so the data is untrusted before it goes."""
-        unlink(self.path(url, ".json"))
-        unlink(self.path(url))
+    def drop(self, url: str) -> bool:
+        """Forget the copy of ``url``: metadata first, so the data is untrusted before it goes. False when it
+        could not be removed (a read-only directory): it stays, and is checked as any copy on its next use."""
+        try:
+            unlink(self.path(url, ".json"))
+            unlink(self.path(url))
+        except OSError as exc:
+            log.debug("cache: cannot remove the copy of %s: %s", redact_url(url), exc)
+            return False
+        return True
 
     # -- eviction and inspection ----------------------------------------------------------------------
-    def _scan(self) -> tuple[list[tuple[float, str, int]], int]:
-        """Complete copies as (last used, name, size), and the bytes of partial files."""
-        copies, partial = [], 0
+    def _scan(self) -> tuple[list[tuple[float, str, int]], list[int]]:
+        """Complete copies as (last used, name, size), and the sizes of partial files. Only regular files with
+        the cache's names count (never a link, nor a file the cache could not have made)."""
+        copies, partial = [], []
         try:
-            entries = list(os.scandir(self.directory))
+            with os.scandir(self.directory) as found:
+                entries = [e for e in found if is_cache_name(e.name) and e.is_file(follow_symlinks=False)]
         except FileNotFoundError:
-            return [], 0
-        sizes = {e.name: e for e in entries}
+            return [], []
+        files = {e.name: e for e in entries}
         for entry in entries:
             try:
-                if entry.name.endswith(".json") and entry.name[:-5] in sizes:
-                    copies.append((entry.stat().st_mtime, entry.name[:-5], sizes[entry.name[:-5]].stat().st_size))
+                if entry.name.endswith(".json") and entry.name[:-5] in files:
+                    data = files[entry.name[:-5]].stat(follow_symlinks=False)
+                    copies.append((entry.stat(follow_symlinks=False).st_mtime, entry.name[:-5], data.st_size))
                 elif entry.name.endswith(".part"):
-                    partial += entry.stat().st_size
+                    partial.append(entry.stat(follow_symlinks=False).st_size)
             except FileNotFoundError:
                 continue
         return copies, partial
@@ -264,11 +391,11 @@ class ShardCache:
             return True
         if incoming > self.max_bytes:
             return False
-        lock = os.open(os.path.join(self.directory, ".evict.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        lock = open_lock(os.path.join(self.directory, ".evict.lock"))
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)
             copies, partial = self._scan()
-            total = partial + incoming + sum(size for _, _, size in copies)
+            total = sum(partial) + incoming + sum(size for _, _, size in copies)
             for _, name, size in sorted(copies):
                 if total <= self.max_bytes:
                     break
@@ -287,29 +414,27 @@ class ShardCache:
         out = []
         for last_used, name, size in sorted(self._scan()[0], reverse=True):
             try:
-                with open(os.path.join(self.directory, name + ".json"), "rb") as fh:
-                    meta = json.loads(fh.read())
-            except (OSError, ValueError):
+                with open(open_entry(os.path.join(self.directory, name + ".json")), "rb") as fh:
+                    meta = json.loads(fh.read(_META_MAX_BYTES))
+                identity = ObjectIdentity(**{k: meta.get(k) for k in IDENTITY_FIELDS})
+            except (OSError, ValueError, TypeError, AttributeError):
                 continue
-            identity = ObjectIdentity(**{k: meta.get(k) for k in IDENTITY_FIELDS})
             out.append(CacheEntry(name, str(meta.get("url", "?")), size, last_used, identity))
         return out
 
     def usage(self) -> dict[str, int]:
         """Bytes and counts: complete copies, and partial files (fills in progress or left by a crash)."""
         copies, partial = self._scan()
-        try:
-            parts = sum(name.endswith(".part") for name in os.listdir(self.directory))
-        except FileNotFoundError:
-            parts = 0
-        return {"copies": len(copies), "bytes": sum(size for _, _, size in copies), "partial_files": parts,
-                "partial_bytes": partial}
+        return {"copies": len(copies), "bytes": sum(size for _, _, size in copies), "partial_files": len(partial),
+                "partial_bytes": sum(partial)}
 
     def clear(self) -> tuple[int, int]:
-        """Remove every complete copy, every untrusted leftover (data without metadata, temporary metadata)
-        and every partial file no process is filling; return (files, bytes) freed. Fills in progress go on
-        and commit their copies when done. Lock files stay: removing one while a process opens it could
-        let two processes hold "the" lock on two files."""
+        """Remove every complete copy, every untrusted leftover (data without metadata, temporary metadata, an
+        entry that is not a regular file) and every partial file no process is filling; return (files, bytes)
+        freed. Only names the cache makes are touched (:func:`~wds_async.cache.files.is_cache_name`): another
+        directory given by mistake loses nothing. Fills in progress go on and commit their copies when done.
+        Lock files stay: removing one while a process opens it could let two processes hold "the" lock on two
+        files."""
         files = freed = 0
         try:
             names = sorted(os.listdir(self.directory))
@@ -318,10 +443,13 @@ class ShardCache:
         present = set(names)
         for name in names:
             path = os.path.join(self.directory, name)
-            if name.startswith(".") or name.endswith(".lock"):
-                continue
+            if not is_cache_name(name) or name.endswith(".lock") or not _removable(path):
+                continue  # not the cache's, a lock (kept), gone already, or a directory (the cache makes none)
             if name.endswith(".part"):
-                fd = try_lock(os.path.join(self.directory, name[:-5] + ".lock"))
+                try:
+                    fd = try_lock(os.path.join(self.directory, name[:-5] + ".lock"))
+                except OSError:
+                    continue  # its lock cannot be taken (not ours, or a read-only directory)
                 if fd is None:
                     continue  # a fill in progress
                 try:
@@ -344,6 +472,17 @@ class ShardCache:
         unlink(os.path.join(self.directory, name + ".json"))
         unlink(os.path.join(self.directory, name))
 
+
+def _removable(path: str) -> bool:
+    """True when ``path`` is there and is no directory (a file, a link, a FIFO: ``unlink`` removes the name)."""
+    try:
+        return not stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+#: The most bytes of a copy's metadata read (a few hundred are written): a larger file is not ours to parse.
+_META_MAX_BYTES = 64 << 10
 
 #: ``_take_lock``'s answer when the copy was committed while it waited: look it up again.
 _RETRY: Any = object()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import json
 import logging
 import os
@@ -23,7 +22,7 @@ from ..io import ByteStream, ObjectIdentity
 from ..io.reader import RangeReader, ReadContext
 from ..stats import Stats
 from ..urls import redact_url
-from .files import IDENTITY_FIELDS, META_VERSION, touch, unlink, unlock
+from .files import IDENTITY_FIELDS, META_VERSION, create_new, touch, unlink, unlock
 
 
 class ShardCache(Protocol):
@@ -38,6 +37,8 @@ class ShardCache(Protocol):
     def path(self, url: str, suffix: str = "") -> str: ...
 
     def make_room(self, incoming: int, keep: str | None = None) -> bool: ...
+
+    def cannot_fill(self, url: str, exc: OSError, doing: str) -> None: ...
 
 __all__ = ["FILL_WRITE_BYTES", "CacheFill", "CacheHit", "Prechecks", "store_identity"]
 
@@ -160,13 +161,25 @@ class CacheFill:
                     self._abandon("its size is unknown" if size is None else
                                   f"it is larger than the room cache_size={self.cache.max_bytes} leaves")
                     return
-                self._file = await aiofiles.open(self.part, "wb", buffering=0)
+                fd = await asyncio.to_thread(self._create_part)
+                try:
+                    self._file = await aiofiles.open(fd, "wb", buffering=0)
+                except BaseException:
+                    os.close(fd)
+                    raise
             self._pending += chunk
             self.written += len(chunk)
             if len(self._pending) >= FILL_WRITE_BYTES:
                 await self._flush()
         except OSError as exc:
-            self._abandon(f"writing failed: {exc.strerror or exc}" if exc.errno != errno.ENOSPC else "the disk is full")
+            self.failed = True
+            self.cache.cannot_fill(self.url, exc, "writing")
+
+    def _create_part(self) -> int:
+        """The new ``.part`` file, open. Whatever has its name (a crash's leftover, a planted link) is unlinked
+        first, never written through: this process holds the shard's lock, so no fill of another owns it."""
+        unlink(self.part)
+        return create_new(self.part)
 
     async def _flush(self) -> None:
         data, self._pending = self._pending, bytearray()
@@ -187,16 +200,13 @@ class CacheFill:
             await self._file.close()
             self._file = None
             data = self.cache.path(self.url)
-            await aiofiles.os.replace(self.part, data)
+            await aiofiles.os.replace(self.part, data)  # a rename moves names, never follows a link
             meta = {"version": META_VERSION, "url": redact_url(self.url), "committed": time.time(),
                     **{k: getattr(identity, k) for k in IDENTITY_FIELDS}}
-            tmp = data + ".json.tmp"
-            async with aiofiles.open(tmp, "w") as fh:
-                await fh.write(json.dumps(meta))
-            await aiofiles.os.replace(tmp, data + ".json")
-            touch(data + ".json")
+            await asyncio.to_thread(_write_meta, data + ".json", json.dumps(meta).encode())
         except OSError as exc:
-            self._abandon(f"committing failed: {exc.strerror or exc}")
+            self.failed = True
+            self.cache.cannot_fill(self.url, exc, "committing")
             return False
         if stats is not None:
             stats.cache_fills += 1
@@ -216,3 +226,19 @@ class CacheFill:
         finally:
             unlock(self.lock_fd)
             self.lock_fd = -1
+
+
+def _write_meta(path: str, data: bytes) -> None:
+    """Write a copy's metadata as ``path``: to a new ``.tmp`` file (whatever had that name is unlinked first, as
+    for ``.part``), stamped as used now, then renamed into place."""
+    tmp = path + ".tmp"
+    unlink(tmp)
+    fd = create_new(tmp)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        touch(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)

@@ -7,9 +7,14 @@
   ``bytes``, ``last_used`` (Unix seconds), ``etag``, ``generation``.
 * ``du``: copies and bytes, and the partial files (fills in progress, or left by a crash and never trusted).
   ``--json``: one object.
-* ``clear``: removes every copy and every partial file no process is filling; fills in progress go on.
+* ``clear``: removes every copy and every partial file no process is filling; fills in progress go on. Only
+  names the cache makes (16 hex digits, a dot, a shard's name) are touched, so a wrong ``DIR`` loses nothing.
 
-Exit status 0; 2 when the directory is missing or is not a cache (bad input).
+A directory the cache itself would refuse (another user's, writable by other users, or a link another user owns;
+see "Security" in :mod:`wds_async.cache.disk`) is refused here too, naming it and what to do. Entries that are
+not regular files of this user are neither listed nor counted; ``clear`` removes them (never what they point to).
+
+Exit status 0; 2 when the directory is missing, is not a cache, or is refused (bad input).
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ def command(args: argparse.Namespace) -> int:
     from ..cache.disk import ShardCache
 
     cache = ShardCache(_directory(args.directory))
+    cache.check_directory()  # UnsafeCacheDirectory, a WdsError: one line, exit status 2
     out = sys.stdout
     if args.action == "ls":
         for entry in cache.entries():
