@@ -17,6 +17,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .compat import install_as_webdataset
     from .config import EngineConfig, RetryPolicy
     from .data.dataset import WebDataset
     from .data.decoders import Continue, Decoder, ImageHandler, basichandlers, handle_extension, imagehandler
@@ -160,6 +161,7 @@ __all__ = [
     "build_index",
     "default_collation_fn",
     "expand_urls",
+    "install_as_webdataset",
     "ignore_and_continue",
     "merge_states",
     "ignore_and_stop",
