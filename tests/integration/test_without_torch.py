@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 import tomllib
 from pathlib import Path
 
@@ -248,8 +249,7 @@ def test_the_shard_cache_fills_and_serves_without_torch(venv: Path, shards: Path
 
 def test_every_command_of_the_cli_runs_without_torch(venv: Path, urls: list[str], shards: Path,
                                                      tmp_path: Path) -> None:
-    helps = ["ls", "cat", "verify", "cp", "index", "cache", "bench", "serve", "tune"]
-    for command in helps:
+    for command in ("ls", "cat", "verify", "cp", "index", "cache", "bench", "serve", "tune"):
         assert f"usage: wds-async {command}" in _ok(_cli(venv, command, "--help", cwd=tmp_path)), command
     listed = _ok(_cli(venv, "ls", str(shards / "shard-*.tar"), cwd=tmp_path)).split()
     assert listed == urls
@@ -265,6 +265,36 @@ def test_every_command_of_the_cli_runs_without_torch(venv: Path, urls: list[str]
     _ok(_cli(venv, "index", "-q", "-o", str(index), *urls, cwd=tmp_path))
     header = json.loads(index.read_text().splitlines()[0])
     assert (header["shards"], header["samples"]) == (N_SHARDS, N_SHARDS * PER_SHARD), header
+    tuned = _ok(_cli(venv, "tune", "-q", "--levels", "1,2", "--seconds", "0.2", *urls, cwd=tmp_path))
+    assert "recommendation for" in tuned, tuned
+    # `cache` runs in test_the_shard_cache_fills_and_serves_without_torch, `serve` in the test below
+
+
+def test_the_node_service_serves_a_dataset_without_torch(venv: Path, urls: list[str], tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    folder.mkdir(mode=0o700)
+    socket = folder / "service.sock"
+    server = subprocess.Popen([str(venv / "bin" / "wds-async"), "serve", "--socket", str(socket)], cwd=tmp_path,
+                              env=_clean_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120  # a wait for the socket, not a timing check
+        while not socket.exists() and server.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert socket.exists(), f"no socket; serve exited {server.poll()}"
+        out = _python(venv, """
+            import json, sys
+            import wds_async as wds
+
+            socket, urls = sys.argv[1], sys.argv[2:]
+            ds = wds.WebDataset(urls, service=f"unix://{socket}", shardshuffle=False).decode().to_tuple("json")
+            print(json.dumps({"seen": [meta["i"] for (meta,) in ds], "torch": "torch" in sys.modules}))
+        """, str(socket), *urls, cwd=tmp_path)
+    finally:
+        server.terminate()
+        _, stderr = server.communicate(timeout=60)
+    assert json.loads(out) == {"seen": list(range(N_SHARDS * PER_SHARD)), "torch": False}
+    assert "Traceback" not in stderr, stderr
 
 
 def test_the_torch_parts_name_the_torch_extra(venv: Path, urls: list[str], tmp_path: Path) -> None:
