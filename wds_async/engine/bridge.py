@@ -44,6 +44,7 @@ from ..stats import Stats
 from .channel import SampleChannel
 from .engine import Engine
 from .failures import translate
+from .feed import ItemFeed
 from .spec import StreamSpec
 from .work import ItemDone
 
@@ -61,9 +62,10 @@ _JOIN_TIMEOUT = 10.0
 
 
 class Bridge:
-    """Runs an :class:`Engine` over ``urls`` in a loop thread and hands its samples to the caller."""
+    """Runs an :class:`Engine` over ``urls`` in a loop thread and hands its samples to the caller. ``urls`` may be
+    an :class:`~wds_async.engine.feed.ItemFeed` that other threads submit items to while the engine runs."""
 
-    def __init__(self, urls: Iterable[str], spec: StreamSpec, stats: Stats) -> None:
+    def __init__(self, urls: Iterable[str] | ItemFeed, spec: StreamSpec, stats: Stats) -> None:
         self._urls = urls
         self._spec = spec
         self._config = spec.config

@@ -26,6 +26,12 @@ The engine owns no thread: the bridge runs it in its loop thread. Nor does it as
 service (:mod:`wds_async.service`) runs one engine per client over one shared ``limiter`` (then neither
 created nor autotuned here), with ``yield_tokens=True`` so that a reader waiting for room in its own
 client's budget gives its token back meanwhile, and a slow client stalls only itself.
+
+Items usually exist before the engine starts (a list, or a lazy iterator pulled in the loop thread). An
+:class:`~wds_async.engine.feed.ItemFeed` in their place makes the engine long-lived: readers await the next item
+submitted from another thread, and the engine finishes only once the feed is closed and drained (a map-style
+dataset's ``__getitems__`` calls submit batches through :class:`~wds_async.engine.fetcher.Requests`). The shard
+cache's lookahead sees the feed's queued items (``ItemFeed.peek``) as it sees an item list's next ones.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from ..urls import redact_url
 from .autotune import Autotuner
 from .channel import ChannelClosed, SampleChannel
 from .failures import leaves, pick, translate
+from .feed import ItemFeed
 from .grouping import Grouper, Sample, sample_nbytes
 from .limiter import Limiter
 from .parts import Lanes, PartedRead
@@ -83,10 +90,10 @@ class _HandlerRaised(Exception):
 class Engine:
     """Fetches ``urls`` concurrently into ``channel`` (see module docstring)."""
 
-    def __init__(self, urls: Iterable[str | WorkItem], spec: StreamSpec, *, backends: BackendSet,
+    def __init__(self, urls: Iterable[str | WorkItem] | ItemFeed, spec: StreamSpec, *, backends: BackendSet,
                  channel: SampleChannel, stats: Stats, source: ItemSource | None = None, limiter: Limiter | None = None,
                  yield_tokens: bool = False) -> None:
-        """Read ``urls`` (URLs or work items) as ``spec`` says, through ``backends`` and ``source`` (the store, or
+        """Read ``urls`` (URLs or work items, or an :class:`ItemFeed` of work items) as ``spec`` says, through ``backends`` and ``source`` (the store, or
         the shard cache wrapped around it), into ``channel``, counting in ``stats``."""
         #: Where items' bytes come from: the store, or the shard cache wrapped around it (see io/source.py).
         self.source: ItemSource = source if source is not None else StoreSource()
@@ -119,7 +126,7 @@ class Engine:
 
     async def run(self) -> None:
         """Fetch every shard; errors that escape the handler logic are delivered via the channel."""
-        shards = self._items()
+        shards: Iterator[WorkItem] | ItemFeed = self.urls if isinstance(self.urls, ItemFeed) else self._items()
         config = self.config
         # Every open stream counts its transport's buffer allowance in the byte budget (see RangeReader), so
         # concurrency beyond what half the budget can hold would only make readers wait for room.
@@ -164,6 +171,7 @@ class Engine:
             self.channel.finish()
 
     def _items(self) -> Iterator[WorkItem]:
+        assert not isinstance(self.urls, ItemFeed)
         """The work in order: work items as given, or one whole-shard item per plain URL. A source that looks
         ahead (the shard cache's identity checks) is told of the next ``source.lookahead`` items early, so
         that what it starts for them runs before they are handed out."""
@@ -196,12 +204,21 @@ class Engine:
             await asyncio.sleep(self.log_interval)
             log.info("wds-async: %s", self.stats.line())
 
-    async def _reader(self, items: Iterator[WorkItem]) -> None:
+    async def _next_from_feed(self, feed: ItemFeed) -> WorkItem | None:
+        """The feed's next item (waiting for one); the source hears of the items queued behind it early."""
+        item = await feed.get()
+        ahead = self.source.lookahead
+        if item is not None and ahead:
+            for queued in feed.peek(ahead):
+                self.source.ahead(queued.url, self.backends.for_url(queued.url))
+        return item
+
+    async def _reader(self, items: Iterator[WorkItem] | ItemFeed) -> None:
         """Take a token, then the next item; read it; give the token back; repeat until no items remain."""
         while not (self._stopping or self.channel.abandoned):
             await self.limiter.acquire()
             try:
-                item = next(items, None)
+                item = await self._next_from_feed(items) if isinstance(items, ItemFeed) else next(items, None)
                 if item is None:
                     self._exhausted = True
                     return
