@@ -293,9 +293,14 @@ def _read_only_epochs(urls: list[str], local: str, cache: str, send: Any) -> Non
     handler.emit = lambda record: records.append((record.levelno, record.getMessage()))  # type: ignore[method-assign]
     logging.getLogger("wds_async").addHandler(handler)
     results = []
-    for mode in (0o500, 0o700, 0o500):  # empty and read-only; writable (filled); read-only with its copies
+    # empty and read-only; writable (filled); read-only with its copies; read-only with a damaged copy
+    for phase, mode in enumerate((0o500, 0o700, 0o500, 0o500)):
         os.chmod(cache, mode)
         records.clear()
+        if phase == 3:
+            with open(ShardCache(cache).path(urls[1]), "r+b") as fh:  # the file is ours: writable in any directory
+                fh.seek(148)
+                fh.write(b"XXXXXXX\0")  # its first header's checksum
         ds = wds.WebDataset(urls, cache_dir=cache, deterministic=True)
         digest = sample_digest(ds)
         stats = ds.stats()
@@ -310,7 +315,8 @@ def test_a_read_only_directory_costs_one_warning_not_the_epoch(store: StoreProce
     """A process of ``nobody`` with its own cache directory, mode 0500 (root would write it anyway). Before:
     every item failed with a ``BackendError`` about its lock file and the epoch ended there. Now: the store
     serves every shard, with exactly one warning naming the directory; once writable the epoch fills it;
-    read-only again, its copies are read (one warning again, for that dataset)."""
+    read-only again, its copies are read (one warning again, for that dataset); and a damaged copy there, which
+    cannot be dropped, is read from the store (before: the failed removal ended the epoch)."""
     urls = _urls(store)
     expected = list(sample_digest(wds.WebDataset(urls, deterministic=True)))
     cache = shared_tmp / "nobodys-cache"
@@ -327,10 +333,13 @@ def test_a_read_only_directory_costs_one_warning_not_the_epoch(store: StoreProce
         results = None
     child.join()
     assert child.exitcode == 0 and results is not None, "the reader failed (its traceback is in the output above)"
-    read_only, filled, copies = results
-    assert [r["digest"] for r in results] == [expected] * 3
+    read_only, filled, copies, damaged = results
+    assert [r["digest"] for r in results] == [expected] * 4
     assert (read_only["fills"], read_only["hits"]) == (0, 0)
     assert len(read_only["warnings"]) == 1, read_only["warnings"]
     assert f"nothing can be written in the cache directory {cache}" in read_only["warnings"][0]
     assert (filled["fills"], filled["hits"], filled["warnings"]) == (N, 0, [])
     assert (copies["fills"], copies["hits"], len(copies["warnings"])) == (0, N, 1)
+    assert (damaged["fills"], damaged["hits"], len(damaged["warnings"])) == (0, N, 2)
+    assert "nothing can be written" in damaged["warnings"][0] and "is damaged" in damaged["warnings"][1]
+    assert os.path.exists(ShardCache(cache).path(urls[1]))  # still there: the directory is read-only

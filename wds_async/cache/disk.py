@@ -59,8 +59,9 @@ or a forged copy at ``NAME`` (read as the shard). Hence:
   the cache writes (``.part``, ``.json.tmp``) are created with ``O_EXCL | O_NOFOLLOW`` (mode 0600) after the
   name is unlinked; copies, metadata and locks are opened with ``O_NOFOLLOW`` and checked with ``fstat``; a link,
   a FIFO, another user's file is treated as no copy at all (the shard is fetched and the entry replaced; a lock
-  that is not ours leaves that shard uncached, with a warning). Eviction and ``cache clear`` count and remove
-  only regular files with the cache's names, and removing a name never touches what a link points to.
+  that is not ours leaves that shard uncached, with a warning). Eviction counts and removes only regular files
+  with the cache's names; ``cache clear`` removes only entries with the cache's names, and removing a link
+  never touches what it points to.
 
 What is not defended: a parent directory of the cache writable by another user without the sticky bit (they
 could swap the whole path), and members of a group given write access (``g+w``) to the directory, who can

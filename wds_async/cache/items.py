@@ -1,6 +1,12 @@
 """What the engine reads a cached shard through (:mod:`wds_async.cache.disk`): :class:`CacheHit` (a complete copy,
 read by the file backend with the store's identity), :class:`CacheFill` (the lock and ``.part`` file a shard is
-written to while it streams) and :class:`Prechecks` (copies' identity checks started ahead of the items)."""
+written to while it streams) and :class:`Prechecks` (copies' identity checks started ahead of the items).
+
+Every file a fill writes (``.part``, then ``.json.tmp``) is created new, mode 0600, with ``O_EXCL | O_NOFOLLOW``
+after its name is unlinked, and moved into place by ``rename``, which never follows a link (see "Security" in
+:mod:`wds_async.cache.disk`). A write that fails because the directory cannot be written stops the fills of the
+process with one warning (:meth:`~wds_async.cache.disk.ShardCache.cannot_fill`); any other failure abandons that
+fill alone, and the shard goes on from the store."""
 
 from __future__ import annotations
 

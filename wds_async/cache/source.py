@@ -5,7 +5,8 @@ The engine reads every item through its source and has no idea a cache exists. F
 
 * a complete, still current copy (:class:`~wds_async.cache.items.CacheHit`): the item is read through the
   copy's backend, which reports the store's identity; a format error met in it makes the engine call
-  ``discard``, which forgets the copy, and read the rest from the store;
+  ``discard``, which forgets the copy (quietly keeping it where the directory is read-only), and read the rest
+  from the store;
 * a fill (:class:`~wds_async.cache.items.CacheFill`, only for a whole object): the item is read from the store
   and every chunk is written to the copy as it passes (``on_chunk``); the copy is committed by ``done`` once the
   whole object was read and parsed, and removed on any other way out;
