@@ -267,6 +267,8 @@ def test_every_command_of_the_cli_runs_without_torch(venv: Path, urls: list[str]
     assert (header["shards"], header["samples"]) == (N_SHARDS, N_SHARDS * PER_SHARD), header
     tuned = _ok(_cli(venv, "tune", "-q", "--levels", "1,2", "--seconds", "0.2", *urls, cwd=tmp_path))
     assert "recommendation for" in tuned, tuned
+    benched = _ok(_cli(venv, "bench", "-c", "2", "--no-auto", *urls, cwd=tmp_path))
+    assert "wds-async / raw = " in benched, benched  # the loader phase iterates the dataset itself
     # `cache` runs in test_the_shard_cache_fills_and_serves_without_torch, `serve` in the test below
 
 

@@ -144,10 +144,15 @@ def _phase_loader(urls: list[str], connections: int | str, max_buffered_bytes: i
     baseline = _rss()
     ds = WebDataset(urls, max_connections=connections, max_buffered_bytes=max_buffered_bytes,
                     nodesplitter=None, workersplitter=None)
-    # Through a DataLoader loop, as a training job (and every peer loader in ``--peers``) consumes it.
-    from torch.utils.data import DataLoader
+    # Through a DataLoader loop, as a training job (and every peer loader in ``--peers``) consumes it; without
+    # torch (wds-async installed without the torch extra), as the plain iterable it then is.
+    from ...data._torch import HAVE_TORCH
 
-    loader = DataLoader(ds, batch_size=None, num_workers=0)
+    loader: Any = ds
+    if HAVE_TORCH:
+        from torch.utils.data import DataLoader
+
+        loader = DataLoader(ds, batch_size=None, num_workers=0)
     result, started, cpu0 = _consume(loader, reporter, lambda: int(ds.stats()["bytes_read"]))
     stats = ds.stats()
     result.update(bytes=stats["bytes_read"], peak_buffered=stats["peak_buffered_bytes"], wait_s=stats["wait_s"],
