@@ -221,6 +221,7 @@ def test_planted_entries_in_our_directory_are_never_followed_nor_trusted(
     os.chown(cache / names[3], NOBODY, NOBODY)
     shutil.copy(other_meta, cache / (names[3] + ".json"))
     forged_bytes = forged_data.read_bytes()
+    assert sc.entries() == [] and sc.usage()["copies"] == 0  # `wds-async cache ls|du` count none of them
 
     with caplog.at_level(logging.WARNING, logger="wds_async"):
         got, stats = (lambda ds: (sample_digest(ds), ds.stats()))(

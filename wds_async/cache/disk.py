@@ -71,6 +71,7 @@ remove entries (never make the cache trust theirs).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -365,24 +366,26 @@ class ShardCache:
 
     # -- eviction and inspection ----------------------------------------------------------------------
     def _scan(self) -> tuple[list[tuple[float, str, int]], list[int]]:
-        """Complete copies as (last used, name, size), and the sizes of partial files. Only regular files with
-        the cache's names count (never a link, nor a file the cache could not have made)."""
+        """Complete copies as (last used, name, size), and the sizes of partial files. Only regular files of
+        ours with the cache's names count (never a link, another user's file, a name the cache would not make)."""
         copies, partial = [], []
+        me = os.geteuid()
         try:
             with os.scandir(self.directory) as found:
-                entries = [e for e in found if is_cache_name(e.name) and e.is_file(follow_symlinks=False)]
+                entries = {}
+                for e in found:
+                    if is_cache_name(e.name):
+                        with contextlib.suppress(FileNotFoundError):
+                            st = e.stat(follow_symlinks=False)
+                            if stat.S_ISREG(st.st_mode) and st.st_uid == me:
+                                entries[e.name] = st
         except FileNotFoundError:
             return [], []
-        files = {e.name: e for e in entries}
-        for entry in entries:
-            try:
-                if entry.name.endswith(".json") and entry.name[:-5] in files:
-                    data = files[entry.name[:-5]].stat(follow_symlinks=False)
-                    copies.append((entry.stat(follow_symlinks=False).st_mtime, entry.name[:-5], data.st_size))
-                elif entry.name.endswith(".part"):
-                    partial.append(entry.stat(follow_symlinks=False).st_size)
-            except FileNotFoundError:
-                continue
+        for name, st in entries.items():
+            if name.endswith(".json") and name[:-5] in entries:
+                copies.append((st.st_mtime, name[:-5], entries[name[:-5]].st_size))
+            elif name.endswith(".part"):
+                partial.append(st.st_size)
         return copies, partial
 
     def make_room(self, incoming: int, keep: str | None = None) -> bool:
