@@ -204,6 +204,9 @@ def scheme_of(url: str) -> str:
     return "file"
 
 
+_BLANK = re.compile(r"\s")
+
+
 def _network_parts(url: str) -> SplitResult | None:
     """The parts of a URL with a ``scheme://`` authority; None for paths, ``pipe:`` and unparsable text."""
     if url.startswith("pipe:") or "://" not in url:
@@ -224,7 +227,7 @@ def redact_url(url: str) -> str:
     job's URLs by it); use :func:`redact_text` to show one, as errors and the command line do."""
     if url.startswith("pipe:"):
         return url
-    return scrub_secrets(url, one_url=not any(c.isspace() for c in url))
+    return scrub_secrets(url, one_url=_BLANK.search(url) is None)
 
 
 def redact_text(text: str) -> str:

@@ -349,3 +349,14 @@ def test_no_secret_survives_in_free_text(urls: tuple[str, str, str], quote: str)
     one, other, _plain = urls
     assert _MARK not in shown(one), shown(one)
     assert shown(one) == shown(other)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(text=st.text(st.sampled_from(list("ab:@/?#=&;sig %'\"()[]eyJ.-_\\\n")), max_size=60) | st.text(max_size=60),
+       one_url=st.booleans())
+def test_scrubbing_any_text_is_idempotent(text: str, one_url: bool) -> None:
+    from wds_async.errors import scrub_secrets
+
+    once = scrub_secrets(text, one_url=one_url)
+    assert scrub_secrets(once, one_url=one_url) == once  # the caller's and the error's scrub agree
+    assert redact_url(redact_url(text)) == redact_url(text) and redact_text(redact_text(text)) == redact_text(text)
