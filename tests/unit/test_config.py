@@ -120,6 +120,13 @@ def test_tune_command_line_refuses_a_tiny_part_size() -> None:
     assert "--part-bytes=1 is out of range" in out.stderr and "32 KiB" in out.stderr
 
 
+def test_bench_command_line_refuses_a_tiny_budget() -> None:
+    out = subprocess.run([sys.executable, "-m", "wds_async.cli", "bench", "/nonexistent/a.tar", "--max-buffered-bytes",
+                          "10"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "--max-buffered-bytes=10 is out of range" in out.stderr and "1 KiB" in out.stderr
+
+
 def test_counts_stay_positive_ints() -> None:
     for name in ("min_connections", "start_connections", "connection_cap", "handoff_max_samples"):
         with pytest.raises(ValueError, match=name):

@@ -17,11 +17,21 @@ from ..common import positive
 __all__ = ["add_arguments", "command"]
 
 
+def _budget(text: str) -> int:
+    """``--max-buffered-bytes``: the engine's floor (1 KiB) is checked here, not in a phase's child process."""
+    from ...config import check_size
+
+    try:
+        return check_size("max_buffered_bytes", positive(text), shown="--max-buffered-bytes")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("urls", nargs="+", help="shard URLs or brace patterns")
     parser.add_argument("-c", "--connections", type=positive, default=16, help="concurrent downloads (both phases)")
     parser.add_argument("--vs-webdataset", action="store_true", help="add the webdataset package's numbers")
-    parser.add_argument("--max-buffered-bytes", type=positive, default=None, help="loader byte budget")
+    parser.add_argument("--max-buffered-bytes", type=_budget, default=None, help="loader byte budget")
     parser.add_argument("--faults", metavar="QUERY", help="extra loader run with this query appended to every URL "
                         "(emulated store knobs, e.g. 'drop_rate=0.05&fail_rate=0.05')")
     parser.add_argument("--no-auto", dest="autotune", action="store_false",
