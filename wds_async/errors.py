@@ -90,6 +90,7 @@ _URL_PARAM = re.compile(_PARAM_START + r"([\w.-]+)=([^&;#\s]*)")
 _TEXT_PARAM = re.compile(_PARAM_START + r"([\w.-]+)=([^&;#\s'\"<>()\[\]\\]*)")
 #: What ends a URL's authority (RFC 3986: ``/``, ``?``, ``#``), and what ends a URL in text.
 _AUTHORITY_ENDS = "/?#\"<>\\ \t\n\r\f\v"
+_AUTHORITY_END = re.compile("[" + re.escape(_AUTHORITY_ENDS) + "]")
 #: A userinfo with no ``//`` before it (``scheme:user:password@``, ``user:password@``) starts with a word and
 #: a colon.
 _BARE_LEAD = re.compile(r"(?<![A-Za-z0-9_+.-])[A-Za-z0-9][A-Za-z0-9_+.-]*:")
@@ -106,13 +107,16 @@ def _mask_userinfo(text: str) -> str:
     included); its userinfo is everything before its last ``@``, so an ``@`` or ``:`` inside a password goes
     with the rest. After ``//`` (``scheme://``, ``//``) or ``scheme:/`` the user name is kept and the password
     masked; with no slash before it (``scheme:user:password@``, ``user:password@``) which part is the user is
-    not knowable, so all of it after the first ``word:`` goes. Linear: it looks only around each ``@``."""
+    not knowable, so all of it after the first ``word:`` goes. Linear: each character is looked at a bounded
+    number of times (an authority's start is searched back to the previous one's end only)."""
     out: list[str] = []
-    done, at = 0, text.find("@")
+    done, previous_end, at = 0, 0, text.find("@")
     while at != -1:
-        end = min((i for i in (text.find(c, at) for c in _AUTHORITY_ENDS) if i != -1), default=len(text))
+        found = _AUTHORITY_END.search(text, at)
+        end = found.start() if found is not None else len(text)
         at = text.rfind("@", at, end)  # the last @ of this authority
-        start = max(text.rfind(c, 0, at) for c in _AUTHORITY_ENDS) + 1
+        start = max(text.rfind(c, previous_end, at) for c in _AUTHORITY_ENDS) + 1
+        start = max(start, previous_end)
         info = text[start:at]
         shown = info
         if start >= 2 and text[start - 1] == "/" and text[start - 2] in "/:":
@@ -123,7 +127,7 @@ def _mask_userinfo(text: str) -> str:
             if lead is not None and lead.end() < len(info):
                 shown = info[:lead.end()] + "***"
         out.append(text[done:start] + shown)
-        done = at
+        done, previous_end = at, end
         at = text.find("@", end)
     out.append(text[done:])
     return "".join(out)
