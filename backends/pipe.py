@@ -69,13 +69,14 @@ class PipeBackend:
     #: is never split into concurrent parts.
     capabilities: Capabilities
 
-    def __init__(self, *, chunk_bytes: int = 1 << 20, kill_grace: float = 1.0, allow_pipe: bool | None = None
-                 ) -> None:
+    def __init__(self, *, chunk_bytes: int = 1 << 20, kill_grace: float = 1.0, allow_pipe: bool | None = None,
+                 cwd: str | None = None, env: dict[str, str] | None = None) -> None:
         self.chunk_bytes = chunk_bytes
         # One read in flight per command, counted in the byte budget.
         self.capabilities = Capabilities(ranged_reads=False, buffer_allowance=chunk_bytes)
         self.kill_grace = kill_grace
         self.allow_pipe = allow_pipe
+        self.cwd, self.env = cwd, env  # where commands run, with what environment (None: this process's)
 
     @asynccontextmanager
     async def open(self, url: str, *, start: int = 0, end: int | None = None) -> AsyncIterator[ByteStream]:
@@ -134,7 +135,7 @@ class PipeBackend:
         and an exec: milliseconds), stops the command, then propagates."""
         start = asyncio.ensure_future(asyncio.create_subprocess_shell(
             cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=errfile,
-            start_new_session=True,
+            start_new_session=True, cwd=self.cwd, env=self.env,
         ))
         try:
             return await asyncio.shield(start)

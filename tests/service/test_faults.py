@@ -95,7 +95,7 @@ def test_a_client_that_stops_reading_stalls_only_itself(sock_dir: str, pattern: 
 
 
 _OTHER_USER = r"""
-import os, socket, sys
+import json, os, socket, sys
 os.setgid(65534); os.setuid(65534)          # nobody
 path = sys.argv[1]
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -106,16 +106,23 @@ except PermissionError:
     print("refused: permission"); sys.exit(0)
 try:
     s.sendall(b"\x00\x00\x00\x10" + b'{"type":"hello"}')
-    data = s.recv(100)
 except (BrokenPipeError, ConnectionResetError):
-    data = b""
-print("refused: closed" if not data else "answered")
+    pass  # a refused connection may be closed first: its answer is still there to read
+data, fds, _, _ = socket.recv_fds(s, 1 << 16, 4)
+message = json.loads(data[4:]) if data else {}
+if not data:
+    print("refused: closed")
+elif message.get("type") == "error" and not fds and "refused this connection" in message["error"]["message"]:
+    print("refused: told (" + message["error"]["message"] + ")")
+else:
+    print("answered")
 """
 
 
 @pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0, reason="needs root to act as another user")
 def test_another_user_cannot_connect(sock_dir: str) -> None:
-    """The socket's modes stop another user; with them opened up, the service's SO_PEERCRED check still does."""
+    """The socket's modes stop another user; with them opened up, the service's SO_PEERCRED check still does,
+    and tells the refused process why in an error frame (it used to close the connection without a word)."""
     os.chmod(sock_dir, 0o755)  # the test's own temporary parent: let "nobody" reach the service's directory
     with start_service(os.path.join(sock_dir, "run", "svc.sock")) as handle:
         run = [sys.executable, "-c", _OTHER_USER, handle.socket]
@@ -124,5 +131,7 @@ def test_another_user_cannot_connect(sock_dir: str) -> None:
         os.chmod(os.path.dirname(handle.socket), 0o755)
         os.chmod(handle.socket, 0o666)
         second = subprocess.run(run, capture_output=True, text=True, timeout=60, check=False)
-        assert second.stdout.strip() == "refused: closed", second.stderr
+        # refused by the uid check, and told so (no ring passed): "serves its own user (uid 0) only"
+        assert second.stdout.startswith("refused: told"), (second.stdout, second.stderr)
+        assert f"(uid {os.getuid()}) only" in second.stdout
         assert handle.status()["sessions"] == 0  # and it still serves its own user

@@ -11,11 +11,22 @@ then its samples yielded. Errors the service hands back in band meet this proces
 Socket I/O is blocking, in the consumer's thread, with a stall guard: the service says ``alive`` every two
 seconds when it has nothing to send, so ``stall_timeout`` seconds of silence, or the socket closing, mean it
 is gone: :class:`~wds_async.errors.ServiceError` naming the socket, never a hang.
+
+Connecting retries while the service's listen backlog is full (``EAGAIN``), for up to ``CONNECT_TIMEOUT``
+seconds. A service that refuses a connection (another user, over its connection limit, out of descriptors)
+says why in an ``error`` frame before closing; the client raises that, not "stopped while serving", even
+when the refusal makes its own ``hello`` fail to send.
+
+What is sent: work items with local paths made absolute against this process's working directory (``~``
+expanded), packed into ``open`` frames of about ``OPEN_FRAME_BYTES``; when a frame holds ``pipe:`` items,
+this process's working directory and environment go with it (``context``), and the service runs the
+commands there (:mod:`wds_async.service.validate`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import itertools
 import os
 import socket
@@ -29,7 +40,7 @@ from ..engine.work import WorkItem
 from ..errors import ServiceError
 from ..stats import Stats
 from ..urls import redact_url, scheme_of
-from .protocol import VERSION, FrameDecoder, encode, error_from_json, item_to_json
+from .protocol import OPEN_FRAME_BYTES, VERSION, FrameDecoder, encode, error_from_json, item_to_json
 from .ring import RingReader
 
 __all__ = ["connect", "service_answers", "service_samples", "service_status"]
@@ -37,7 +48,10 @@ __all__ = ["connect", "service_answers", "service_samples", "service_status"]
 #: Items per ``open`` frame for a list, and for a lazy (possibly endless) stream.
 LIST_CHUNK = 65536
 LAZY_CHUNK = 1024
+#: Seconds to get a connection accepted, retrying while the service's backlog is full.
 CONNECT_TIMEOUT = 10.0
+#: The longest pause between two connection attempts (they start at 10 ms and double).
+CONNECT_RETRY_MAX = 0.25
 
 
 def _gone(path: str, why: str) -> ServiceError:
@@ -52,30 +66,50 @@ class Connection:
     def __init__(self, path: str, stall_timeout: float = 30.0) -> None:
         self.path = path
         self.stall_timeout = stall_timeout
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(CONNECT_TIMEOUT)
-        try:
-            sock.connect(path)
-        except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
-            sock.close()
-            raise ServiceError(f"no wds-async service at {path}; start one with `wds-async serve --socket {path}`, "
-                               "or pass service='auto'", url=path) from None
-        except OSError as exc:
-            sock.close()
-            raise ServiceError(f"cannot reach the wds-async service at {path}: {exc}", url=path) from exc
-        sock.settimeout(stall_timeout)
-        self.sock = sock
+        #: True once the service answered the first request: a close before that is not "stopped while serving".
+        self.answered = False
+        self.sock = _connect(path)
+        self.sock.settimeout(stall_timeout)
         self._decoder = FrameDecoder(f"the service at {path}")
         self._frames: deque[dict[str, Any]] = deque()
         self._fds: deque[int] = deque()
 
     def send(self, message: dict[str, Any]) -> None:
+        self.send_frame(encode(message))
+
+    def send_frame(self, frame: bytes) -> None:
         try:
-            self.sock.sendall(encode(message))
+            self.sock.sendall(frame)
         except (BrokenPipeError, ConnectionResetError) as exc:
-            raise _gone(self.path, type(exc).__name__) from None
+            raise self._pending_error() or self._closed(type(exc).__name__) from None
         except TimeoutError:
             raise _gone(self.path, f"it took nothing for {self.stall_timeout:.0f} s") from None
+
+    def _closed(self, why: str) -> ServiceError:
+        if self.answered:
+            return _gone(self.path, why)
+        return ServiceError(f"the wds-async service at {self.path} closed the connection without answering ({why}): "
+                            "it may have refused this process (it serves only its own user, up to its connection "
+                            "limit; see its log) or stopped; check it with `wds-async serve --socket "
+                            f"{self.path}`", url=self.path)
+
+    def _pending_error(self) -> BaseException | None:
+        """An ``error`` frame the service sent before closing, if one can still be read (a refused connection
+        finds its hello rejected by a closed socket, the reason waiting unread)."""
+        try:
+            self.sock.settimeout(1.0)
+            while True:
+                for message in self._frames:
+                    if message.get("type") == "error":
+                        return error_from_json(message.get("error") or {})
+                self._frames.clear()
+                data, fds, _flags, _addr = socket.recv_fds(self.sock, 1 << 18, 4)
+                self._fds.extend(fds)
+                if not data:
+                    return None
+                self._frames.extend(self._decoder.feed(data))
+        except (OSError, ServiceError):
+            return None
 
     def recv(self) -> tuple[dict[str, Any], list[int]]:
         """The next frame and the descriptors passed with it."""
@@ -85,11 +119,12 @@ class Connection:
             except TimeoutError:
                 raise _gone(self.path, f"no word from it for {self.stall_timeout:.0f} s") from None
             except ConnectionResetError:
-                raise _gone(self.path, "connection reset") from None
+                raise self._closed("connection reset") from None
             self._fds.extend(fds)
             if not data:
-                raise _gone(self.path, "connection closed")
+                raise self._closed("connection closed")
             self._frames.extend(self._decoder.feed(data))
+            self.answered = True
         message = self._frames.popleft()
         count = int(message.get("fds", 0))
         if len(self._fds) < count:
@@ -105,6 +140,32 @@ class Connection:
             self.sock.close()
         except OSError:
             pass
+
+
+def _connect(path: str) -> socket.socket:
+    """A socket connected to ``path``, retrying while the service's backlog is full (see the module docstring)."""
+    deadline = time.monotonic() + CONNECT_TIMEOUT
+    pause = 0.01
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(max(0.1, deadline - time.monotonic()))
+        try:
+            sock.connect(path)
+            return sock
+        except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
+            sock.close()
+            raise ServiceError(f"no wds-async service at {path}; start one with `wds-async serve --socket {path}`, "
+                               "or pass service='auto'", url=path) from None
+        except OSError as exc:
+            sock.close()
+            if exc.errno not in (errno.EAGAIN, errno.EINTR):
+                raise ServiceError(f"cannot reach the wds-async service at {path}: {exc}", url=path) from exc
+            if time.monotonic() + pause > deadline:
+                raise ServiceError(f"the wds-async service at {path} accepted no connection for {CONNECT_TIMEOUT:.0f} "
+                                   "s (its listen backlog stayed full: overloaded, or stopped); check it, or "
+                                   "start fewer clients at once", url=path) from None
+            time.sleep(pause)
+            pause = min(CONNECT_RETRY_MAX, pause * 2)
 
 
 def connect(path: str, stall_timeout: float = 30.0) -> Connection:
@@ -128,6 +189,8 @@ def service_status(path: str, timeout: float = 10.0) -> dict[str, Any]:
     try:
         conn.send({"type": "status", "version": VERSION})
         message, _ = conn.recv()
+        if message.get("type") == "error":
+            raise error_from_json(message.get("error") or {})
         if message.get("type") != "status":
             raise ServiceError(f"the service at {path} answered {message.get('type')!r} to a status request",
                                url=path)
@@ -144,11 +207,42 @@ def _as_item(n: int, entry: Any) -> WorkItem:
 
 
 def _absolute(item: WorkItem) -> WorkItem:
-    """A relative local path made absolute: the service's working directory is not this process's."""
+    """A relative local path (``~`` expanded, as in-process) made absolute: the service's working directory
+    is not this process's, and it refuses relative paths."""
     url = item.url
-    if scheme_of(url) != "file" or url.startswith("file:") or os.path.isabs(url):
+    if scheme_of(url) != "file" or url.startswith("file://"):
         return item
-    return dataclasses.replace(item, url=os.path.abspath(url))
+    path = os.path.expanduser(url.removeprefix("file:"))
+    if not os.path.isabs(path):
+        path = os.path.join(os.getcwd(), path)  # joined, not normalised: "link/.." means what it means here
+    return item if path == url else dataclasses.replace(item, url=path)
+
+
+def _context() -> dict[str, Any] | None:
+    """This process's working directory and environment, where the service runs its ``pipe:`` commands."""
+    try:
+        return {"cwd": os.getcwd(), "env": dict(os.environ)}
+    except OSError:  # the working directory was removed: the service refuses the pipe: items, saying why
+        return None
+
+
+def _open_frames(chunk: list[WorkItem], fields: dict[str, Any]) -> Iterator[tuple[list[WorkItem], bytes]]:
+    """``(items, frame)``: ``open`` frames covering ``chunk`` in order, each about ``OPEN_FRAME_BYTES`` at
+    most (a single larger item goes alone), with this process's context when they hold ``pipe:`` items."""
+    pending = deque([chunk])
+    context = None
+    while pending:
+        part = pending.popleft()
+        message = {"type": "open", "items": [item_to_json(_absolute(i)) for i in part], **fields}
+        if any(scheme_of(i.url) == "pipe" for i in part):
+            context = context or _context()
+            message["context"] = context
+        frame = encode(message)
+        if len(frame) > OPEN_FRAME_BYTES and len(part) > 1:
+            size = max(1, min(len(part) // 2, int(len(part) * OPEN_FRAME_BYTES / len(frame) * 0.9)))
+            pending.extendleft(reversed([part[i:i + size] for i in range(0, len(part), size)]))
+            continue
+        yield part, frame
 
 
 def _chunks(items: Iterable[Any]) -> Iterator[list[WorkItem]]:
@@ -189,13 +283,14 @@ def service_samples(
         if ready.get("type") != "ready" or len(fds) != 1:
             raise ServiceError(f"the service at {socket_path} answered {ready.get('type')!r} to hello", url=socket_path)
         ring = RingReader(fds[0], int(ready["ring_bytes"]))
+        fields = {"settings": settings or {}, "backend_options": backend_options, "cache": cache}
         for chunk in _chunks(items):
-            conn.send({"type": "open", "items": [item_to_json(_absolute(i)) for i in chunk],
-                       "settings": settings or {}, "backend_options": backend_options, "cache": cache})
-            shown = {item.id: redact_url(item.url) for item in chunk}  # as the engine names them in-process
-            stop = yield from _receive(conn, ring, handler, stats, on_sample, on_item_done, shown)
-            if stop:
-                return
+            for part, frame in _open_frames(chunk, fields):
+                conn.send_frame(frame)
+                shown = {item.id: redact_url(item.url) for item in part}  # as the engine names them in-process
+                stop = yield from _receive(conn, ring, handler, stats, on_sample, on_item_done, shown)
+                if stop:
+                    return
     finally:
         try:
             if ring is not None:

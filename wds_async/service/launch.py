@@ -90,20 +90,27 @@ def _answers_as(path: str, pid: int) -> bool:
 def start_service(socket: str | None = None, *, max_connections: int | str = "auto",
                   node_buffered_bytes: int | str | None = None, ring_bytes: int | str | None = None,
                   cache_dir: str | None = None, cache_size: int | str | None = None, verbose: bool = False,
-                  timeout: float = 60.0, env: dict[str, str] | None = None) -> ServiceHandle:
-    """Start ``wds-async serve`` as a subprocess and wait until it answers (see the module docstring)."""
+                  timeout: float = 60.0, env: dict[str, str] | None = None, no_pipe: bool = False,
+                  max_clients: int | None = None, handshake_timeout: float | None = None,
+                  cwd: str | None = None) -> ServiceHandle:
+    """Start ``wds-async serve`` as a subprocess and wait until it answers (see the module docstring).
+    ``no_pipe``, ``max_clients``, ``handshake_timeout``: ``--no-pipe``, ``--max-clients``,
+    ``--handshake-timeout``; ``cwd``: the service's working directory (default: this process's)."""
     full_env = {**os.environ, **(env or {})}
     path = os.path.abspath(socket or default_socket_path(environ=full_env))
     args = [sys.executable, "-m", "wds_async.cli.main"] + (["-v"] if verbose else []) + [
         "serve", "--socket", path, "--max-connections", str(max_connections)]
     for flag, value in (("--node-buffered-bytes", node_buffered_bytes), ("--ring-bytes", ring_bytes),
-                        ("--cache-dir", cache_dir), ("--cache-size", cache_size)):
+                        ("--cache-dir", cache_dir), ("--cache-size", cache_size), ("--max-clients", max_clients),
+                        ("--handshake-timeout", handshake_timeout)):
         if value is not None:
             args += [flag, str(value)]
+    if no_pipe:
+        args.append("--no-pipe")
     fd, log_path = tempfile.mkstemp(prefix="wds-async-serve-", suffix=".log")
     with os.fdopen(fd, "wb") as log:
         process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                   env=full_env)
+                                   env=full_env, cwd=cwd)
     handle = ServiceHandle(process, path, log_path)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -34,13 +34,23 @@ from ..engine.work import WorkItem
 from ..errors import ServiceError
 from ..io import ObjectIdentity
 
-__all__ = ["MAX_FRAME", "VERSION", "FrameDecoder", "encode", "error_from_json", "error_to_json", "item_from_json",
-           "item_to_json"]
+__all__ = ["MAX_FRAME", "MAX_REQUEST_FRAME", "OPEN_FRAME_BYTES", "VERSION", "FrameDecoder", "encode",
+           "error_from_json", "error_to_json", "item_from_json", "item_to_json"]
 
 #: Bumped when a message changes meaning; a service refuses a client of another version.
 VERSION = 1
-#: The largest frame either side accepts (item lists are sent in chunks well below it).
+#: The largest frame a client accepts from the service (batches are far smaller; a sample's bytes never
+#: travel in a frame).
 MAX_FRAME = 64 << 20
+#: The largest frame the service accepts from a client. A connection holds at most one frame under assembly,
+#: so this bounds what one connection can make the service buffer (it was 64 MiB: 20 connections sending
+#: partial frames held 1.27 GB). 4 MiB is sixteen times what a client packs into one ``open``
+#: (:data:`OPEN_FRAME_BYTES`), so one item with a very long URL still fits.
+MAX_REQUEST_FRAME = 4 << 20
+#: A client splits its work items into ``open`` frames of at most about this size (a single larger item goes
+#: alone). 256 KiB holds 1000 to 3000 items, as many as a lazy stream's chunk, so the drain between two
+#: opens costs no more than it did for lazy streams, and 256 sessions' opens fit the service's request pool.
+OPEN_FRAME_BYTES = 256 << 10
 _HEADER = struct.Struct(">I")
 
 
@@ -53,16 +63,26 @@ def encode(message: dict[str, Any]) -> bytes:
 
 
 class FrameDecoder:
-    """Bytes in, complete frames out. ``what`` names the peer in errors (the socket path)."""
+    """Bytes in, complete frames out. ``what`` names the peer in errors (the socket path); a frame announcing
+    more than ``limit`` bytes is refused before any of its body is kept."""
 
-    def __init__(self, what: str = "the peer") -> None:
+    def __init__(self, what: str = "the peer", limit: int = MAX_FRAME) -> None:
         self.what = what
+        self.limit = limit
         self._buffer = bytearray()
 
     @property
     def pending(self) -> int:
         """Bytes received that do not yet make a complete frame."""
         return len(self._buffer)
+
+    @property
+    def announced(self) -> int | None:
+        """The full size (header included) of the incomplete frame at the front, once its header is in;
+        None when nothing or less than a header is pending."""
+        if len(self._buffer) < _HEADER.size:
+            return None
+        return _HEADER.size + int(_HEADER.unpack_from(self._buffer, 0)[0])
 
     def feed(self, data: bytes) -> list[dict[str, Any]]:
         """Take ``data``; return every frame it completes, in order. Garbage raises :class:`ServiceError`."""
@@ -72,9 +92,9 @@ class FrameDecoder:
         start = 0
         while len(buffer) - start >= _HEADER.size:
             (length,) = _HEADER.unpack_from(buffer, start)
-            if length > MAX_FRAME:
+            if length > self.limit:
                 self._buffer = bytearray()
-                raise ServiceError(f"bad frame from {self.what}: announced {length} bytes, more than {MAX_FRAME} "
+                raise ServiceError(f"bad frame from {self.what}: announced {length} bytes, more than {self.limit} "
                                    "(not a wds-async service or client, or a version mismatch)")
             if len(buffer) - start - _HEADER.size < length:
                 break
@@ -90,6 +110,9 @@ class FrameDecoder:
         except (UnicodeDecodeError, ValueError):
             self._buffer = bytearray()
             raise ServiceError(f"bad frame from {self.what}: not JSON ({body[:40]!r}...)") from None
+        except RecursionError:  # arrays or objects nested thousands deep
+            self._buffer = bytearray()
+            raise ServiceError(f"bad frame from {self.what}: JSON nested too deeply") from None
         if not isinstance(message, dict) or not isinstance(message.get("type"), str):
             self._buffer = bytearray()
             raise ServiceError(f"bad frame from {self.what}: a JSON object with a 'type' was expected")
@@ -106,14 +129,35 @@ def item_to_json(item: WorkItem) -> list[Any]:
 
 
 def item_from_json(value: Any) -> WorkItem:
-    """The inverse of :func:`item_to_json`; ServiceError for anything else."""
+    """The inverse of :func:`item_to_json`; ServiceError for anything else (wrong types, a negative or
+    reversed byte range, an identity with other fields)."""
     try:
         ident, shard, url, start, end, compressed, identity = value
+        if not isinstance(url, str) or not url:
+            raise ValueError("the URL must be a non-empty string")
+        for name, number in (("id", ident), ("shard", shard), ("start", start), ("end", end)):
+            if not (number is None and name == "end") and (type(number) is not int or number < 0):
+                raise ValueError(f"{name} must be an int >= 0")
+        if end is not None and end < start:
+            raise ValueError("end is before start")
+        if compressed is not None and not isinstance(compressed, bool):
+            raise ValueError("compressed must be true, false or null")
+        if identity is not None and not (isinstance(identity, dict) and all(
+                v is None or type(v) is _IDENTITY.get(k) for k, v in identity.items())):
+            raise ValueError("the identity must be null or an object of size (int), etag, generation and "
+                             "last_modified (strings)")
         expect = None if identity is None else ObjectIdentity(**identity)
-        return WorkItem(id=int(ident), shard=int(shard), url=str(url), start=int(start),
-                        end=None if end is None else int(end), compressed=compressed, expect=expect)
+        return WorkItem(id=ident, shard=shard, url=url, start=start, end=end, compressed=compressed, expect=expect)
     except (TypeError, ValueError) as exc:
-        raise ServiceError(f"bad work item in an 'open' frame: {value!r} ({exc})") from None
+        raise ServiceError(f"bad work item in an 'open' frame: {_short(value)} ({exc})") from None
+
+
+_IDENTITY = {"size": int, "etag": str, "generation": str, "last_modified": str}
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 _CONTEXT = ("url", "offset", "member", "key", "size", "limit", "shards", "field", "returncode", "stderr_tail")

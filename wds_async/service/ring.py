@@ -1,10 +1,19 @@
 """The shared-memory ring a service session writes sample bytes into and its client reads them from.
 
-The ring is one anonymous shared file (``memfd_create``; where that is missing, a file in ``/dev/shm``
-unlinked at once), mapped by both processes: the service passes its descriptor to the client with
-``SCM_RIGHTS``, so only that client can map it, and it vanishes with the last process holding it. A
-field's bytes are copied once into the ring by the service and once out of it, into ``bytes``, by the
-client; the socket carries only their offsets.
+The ring is one anonymous shared file (``memfd_create``), mapped by both processes: the service passes its
+descriptor to the client with ``SCM_RIGHTS``, so only that client can map it, and it vanishes with the last
+process holding it. A field's bytes are copied once into the ring by the service and once out of it, into
+``bytes``, by the client; the socket carries only their offsets.
+
+**Sealed.** The client holds a descriptor of the very file the service has mapped. Were it to shrink the
+file (``ftruncate``), the service's next write into the mapping would touch pages that no longer exist and
+the kernel would kill the whole service with SIGBUS, every other client with it. So the ring is created
+with ``MFD_ALLOW_SEALING``, sized, then sealed with ``F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL``: its
+size can never change again, by anyone (``ftruncate`` fails with EPERM), and the seals cannot be removed.
+:class:`Ring` reads the seals back (``F_GET_SEALS``) and refuses to serve from a file without them; there
+is no unsealed fallback (a plain file in ``/dev/shm`` cannot be sealed), so a kernel without sealing
+(before Linux 3.17) cannot run the service. Files of one sample (:func:`one_shot`) are written with
+``pwrite``, never mapped by the service, and need no seal.
 
 Space is handed out in order, as one contiguous block per sample (the fields of a sample lie end to end);
 a block that would cross the ring's end starts at offset 0 instead and the skipped tail counts as used.
@@ -20,17 +29,21 @@ whole ring, so that a block always fits once the ring is empty, wherever ``head`
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import tempfile
 
 from ..errors import ServiceError
 
-__all__ = ["Ring", "RingReader", "one_shot", "shared_file"]
+__all__ = ["SEALS", "Ring", "RingReader", "one_shot", "sealed_file", "shared_file"]
+
+#: The seals every ring carries: its size is fixed for good (see the module docstring).
+SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 
 def shared_file(size: int, name: str = "wds-async-ring") -> int:
-    """A descriptor of a new anonymous shared file of ``size`` bytes (close-on-exec)."""
+    """A descriptor of a new anonymous shared file of ``size`` bytes (close-on-exec), not sealed."""
     memfd = getattr(os, "memfd_create", None)
     if memfd is not None:
         try:
@@ -51,6 +64,28 @@ def shared_file(size: int, name: str = "wds-async-ring") -> int:
     return fd
 
 
+def sealed_file(size: int, name: str = "wds-async-ring") -> int:
+    """A new memfd of ``size`` bytes whose size no one can change (:data:`SEALS`, checked); ServiceError when
+    this kernel cannot seal one. OSError (EMFILE, ENOMEM) passes through."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, size)
+        try:
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
+            seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+        except OSError as exc:
+            raise ServiceError(f"cannot seal the shared-memory ring ({exc}): this kernel lacks memfd seals "
+                               "(Linux >= 3.17), which the service needs so that no client can resize "
+                               "memory the service writes into") from None
+        if seals & SEALS != SEALS:
+            raise ServiceError(f"the shared-memory ring carries seals {seals:#x}, not {SEALS:#x}: refusing to "
+                               "serve from memory a client could resize")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 class Ring:
     """The service side: allocation of ring space and the bytes written into it (see module docstring)."""
 
@@ -58,7 +93,7 @@ class Ring:
         if size < 4096:
             raise ValueError(f"ring_bytes must be at least 4096, got {size}")
         self.size = size
-        self.fd = shared_file(size)
+        self.fd = sealed_file(size)
         self._map = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self.head = 0
         self.tail = 0
