@@ -6,11 +6,11 @@ process's share of the shards, starts a :class:`~wds_async.engine.bridge.Bridge`
 engine), and closes it when the iteration ends for any reason: exhaustion, ``break``, an exception,
 ``del`` or garbage collection.
 
-Work assignment (:mod:`wds_async.data.epoch`, :mod:`wds_async.data.plan`): the full list is (optionally) shuffled
-with ``(seed, epoch)``, identically in every process, then split by node and by DataLoader worker, so that
-together the workers of all ranks read every shard exactly once. With an ``index``, samples are split
-instead, in equal shares per rank and worker. ``resampled=True`` draws shards with replacement,
-independently per rank and worker, forever (bound an epoch with ``.with_epoch(n)``).
+Work assignment (:mod:`wds_async.data.epoch`, :mod:`wds_async.data.plan`): the list is split by node and by
+DataLoader worker, so that together the workers of all ranks read every shard exactly once, then each process
+(optionally) shuffles its shards as webdataset 1.0.2 does, with the same draws. With an ``index``, samples are
+split instead, in equal shares per rank and worker of the list shuffled by ``(seed, epoch)``. ``resampled=True``
+draws shards with replacement, per rank and worker, forever (bound an epoch with ``.with_epoch(n)``).
 
 Checkpoints (``state_dict`` / ``load_state_dict``, see :mod:`wds_async.data.state`) record which work items were
 delivered and where each one in flight stands; the engine's settings are this process's share of the node
@@ -54,9 +54,10 @@ class WebDataset(FluidPipeline):
     Args:
         urls: a brace pattern, ``::``-joined patterns, a glob, or a sequence of URLs.
         handler: error policy: a callable or a webdataset handler name (default: raise).
-        shardshuffle: shuffle the shard list per epoch from ``(seed, epoch)`` (True or any positive int).
-        seed: seed of the shard shuffle (the same in every process, so ranks and workers stay disjoint).
-        detshuffle: accepted for compatibility; the shard shuffle is always deterministic in ``(seed, epoch)``.
+        shardshuffle: shuffle each process's shards with webdataset's buffer shuffle of this size (True: 100).
+        seed: seed of the shard shuffle, ``seed + epoch`` after epoch 0; None: ``WDS_SEED`` or a random one.
+        detshuffle: advance the epoch by one on every new iteration in this process, as webdataset's does;
+            with ``resampled``, draw from webdataset's deterministic ``ResampledShards`` seed.
         resampled: draw shards with replacement, endlessly, per rank and worker.
         repeat: iterate the shards again and again (``.repeat()``).
         deterministic: deliver samples shard by shard in shard order, as webdataset does (default True);
@@ -117,7 +118,7 @@ class WebDataset(FluidPipeline):
         handler: Callable[[BaseException], bool] | str | None = None,
         *,
         shardshuffle: bool | int | None = False,
-        seed: int = 0,
+        seed: int | str | None = None,
         detshuffle: bool = False,
         resampled: bool = False,
         repeat: bool = False,
@@ -200,7 +201,7 @@ class WebDataset(FluidPipeline):
                 index, backend_options=self._backend_options)
         self._planner = Planner(
             self.urls, entries=self.index.entries_for(self.urls) if self.index is not None else None,
-            shardshuffle=self.shardshuffle, seed=seed, resampled=resampled, detshuffle=detshuffle,
+            shardshuffle=shardshuffle, seed=seed, resampled=resampled, detshuffle=detshuffle,
             drop_last=drop_last, splitters=(nodesplitter, workersplitter))
 
     # -- shards and epochs ---------------------------------------------------------------------
@@ -215,7 +216,7 @@ class WebDataset(FluidPipeline):
 
     def work_items(self) -> list[Any]:
         """This process's work items of the current epoch: ``(shard, start, end)`` byte ranges."""
-        return self._planner.items(self._planner.base(self.epoch), self._planner.processes())
+        return self._planner.work_items(self.epoch)
 
     # -- iteration ---------------------------------------------------------------------------
     def _source(self, run: Any, resume: dict[str, Any] | None) -> Iterator[Any]:

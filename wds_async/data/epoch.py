@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
+import os
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -20,7 +21,8 @@ from typing import Any
 from ..engine.work import WorkItem
 from ..urls import url_key
 from .pipeline import split_by_node, split_by_worker
-from .plan import Processes, index_items, shard_items, shard_order
+from .plan import Processes, buffer_shuffled, epoch_seed, index_items, resampled_items, shard_items, shard_order
+from .shardlists import default_worker_seed, make_seed
 from .state import Progress, remaining_runs
 from .topology import node_info, worker_info
 
@@ -39,6 +41,7 @@ class Epoch:
     progress: Progress = field(default_factory=Progress)
     base: list[list[Any]] | None = None  # set when the epoch's work came from an elastic merge
     resample_seed: int | None = None
+    seed: Any = None  # the seed this process's shard shuffle used
 
     def todo(self) -> Iterator[WorkItem]:
         """The items still to read, each starting where its delivered samples end."""
@@ -58,16 +61,38 @@ class Epoch:
         return iter(self.items)
 
 
-class Planner:
-    """Plans epochs for one dataset (see the module docstring)."""
+def _default_seed(seed: Any, shared: bool) -> Any:
+    """``seed``, or webdataset's default for ``None``: ``WDS_SEED`` (a string, as webdataset reads it) or a random
+    int; ``shared``: one that every process agrees on, ``WDS_SEED`` or 0."""
+    if seed is not None:
+        return seed
+    drawn = os.environ.get("WDS_SEED", random.randint(0, 1000000))  # drawn whether used or not, as webdataset does
+    return os.environ.get("WDS_SEED", 0) if shared else drawn
 
-    def __init__(self, urls: Sequence[str], *, entries: Sequence[Any] | None, shardshuffle: bool, seed: int,
-                 resampled: bool, detshuffle: bool, drop_last: bool,
+
+class Planner:
+    """Plans epochs for one dataset (see the module docstring).
+
+    ``shardshuffle``: ``True`` (webdataset's 100) or a buffer size; ``False``, ``None`` or 0: shard order.
+    ``seed``: the shard shuffle's seed; ``None`` takes webdataset's default, ``WDS_SEED`` or a random one drawn
+    here, at construction, so every DataLoader worker shares it (the index order and deterministic resampling,
+    which every process must agree on or repeat, take ``WDS_SEED`` or 0 instead). The seed in use is part of
+    every state, so a resume rebuilds the same order. ``detshuffle``: the epoch advances by one on every new pass
+    in this process (webdataset's ``detshuffle``), counting from the dataset's epoch; without it the epoch is
+    the dataset's, 0 unless ``set_epoch`` changed it. ``resampled`` with ``detshuffle`` draws from webdataset's
+    deterministic ``ResampledShards`` seed, without from the OS.
+    """
+
+    def __init__(self, urls: Sequence[str], *, entries: Sequence[Any] | None, shardshuffle: bool | int | None,
+                 seed: Any, resampled: bool, detshuffle: bool, drop_last: bool,
                  splitters: tuple[Callable[..., Any] | None, Callable[..., Any] | None]) -> None:
         self.urls, self.entries = list(urls), entries
-        self.shardshuffle, self.seed = shardshuffle, seed
+        self.bufsize = 100 if shardshuffle is True else max(0, int(shardshuffle or 0))
+        self.shardshuffle = self.bufsize > 0
+        self.seed = _default_seed(seed, shared=entries is not None or resampled)
         self.resampled, self.detshuffle, self.drop_last = resampled, detshuffle, drop_last
         self.splitters = splitters
+        self._passes: tuple[int, int] | None = None  # (the dataset epoch counted from, the next pass's epoch)
         self.mode = "resampled" if resampled else "index" if entries is not None else "shards"
         digest = hashlib.sha256(self.mode.encode())
         for n, url in enumerate(self.urls):
@@ -87,31 +112,58 @@ class Planner:
     def _default_split(self) -> bool:
         return self.splitters[0] in (None, split_by_node) and self.splitters[1] in (None, split_by_worker)
 
-    def base(self, epoch: int) -> list[list[Any]]:
-        """The whole epoch's work as runs, in this epoch's shard order."""
-        order = shard_order(len(self.urls), self.seed, epoch, self.shardshuffle)
+    def pass_epoch(self, epoch: int) -> int:
+        """The epoch the next fresh pass plans, the dataset's epoch being ``epoch`` (see the class docstring)."""
+        if self.detshuffle and self._passes is not None and self._passes[0] == epoch:
+            return self._passes[1]
+        return epoch
+
+    def _passed(self, epoch: int, used: int) -> None:
+        if self.detshuffle:
+            self._passes = (epoch, used + 1)
+
+    def base(self, epoch: int, seed: Any = None) -> list[list[Any]]:
+        """The whole epoch's work as runs: shard order, or with an index this epoch's shuffled shard order."""
         if self.entries is None:
-            return [[s, 0, None] for s in order]
+            return [[s, 0, None] for s in range(len(self.urls))]
+        order = self._order(epoch, seed)
         return [[s, 0, self.entries[s].nsamples] for s in order if self.entries[s].nsamples]
 
-    def items(self, base: list[list[Any]], procs: Processes) -> list[WorkItem]:
+    def _order(self, epoch: int, seed: Any) -> list[int]:
+        return shard_order(len(self.urls), self.seed if seed is None else seed, epoch,
+                           self.shardshuffle and self.entries is not None)
+
+    def items(self, base: list[list[Any]], procs: Processes, epoch: int = 0, seed: Any = None) -> list[WorkItem]:
+        """This process's items of ``base``: its equal share with an index; else its split of the runs, shuffled
+        as webdataset shuffles a process's shards (``seed``: this process's, ``None``: the planner's)."""
         if self.entries is not None:
             return index_items(base, self.entries, self.urls, procs, self.drop_last)
+        reorder = None
+        if self.shardshuffle:
+            bufsize, shuffle_seed = self.bufsize, epoch_seed(self.seed if seed is None else seed, epoch)
+
+            def reorder(entries: list[Any]) -> list[Any]:
+                return buffer_shuffled(entries, bufsize, shuffle_seed)
+
         if self._default_split():
             node, worker = self.splitters
             runs = base[procs.rank::procs.world] if node is not None else base
             runs = runs[procs.worker::procs.workers] if worker is not None else runs
-            return shard_items(runs, self.urls, ())
-        return shard_items(base, self.urls, self.splitters)
+            return shard_items(runs, self.urls, (), reorder)
+        return shard_items(base, self.urls, self.splitters, reorder)
 
-    def _resampled(self, epoch: int, procs: Processes, seed: int | None) -> Iterator[WorkItem]:
-        rng = random.Random(f"{self.seed}:{procs.rank}:{procs.worker}:{epoch}" if seed is None else seed)
-        for n in itertools.count():
-            shard = rng.randrange(len(self.urls))
-            yield WorkItem(id=n, shard=shard, url=self.urls[shard])
+    def work_items(self, epoch: int) -> list[WorkItem]:
+        """The items the next fresh pass of this process reads, the dataset's epoch being ``epoch``."""
+        used = self.pass_epoch(epoch)
+        return self.items(self.base(used), self.processes(), used)
+
+    def _resample_seed(self, epoch: int) -> int:
+        """webdataset's ``ResampledShards(urls, seed=seed, deterministic=True)`` seed for this process and epoch."""
+        return make_seed(default_worker_seed(), epoch, self.seed)
 
     def _resampled_epoch(self, ep: Epoch) -> Epoch:
-        ep.remake = lambda: self._resampled(ep.epoch, ep.procs, ep.resample_seed)  # type: ignore[method-assign]
+        seed, splitters = ep.resample_seed, self.splitters
+        ep.remake = lambda: resampled_items(self.urls, seed, splitters)  # type: ignore[method-assign]
         ep.items = ep.remake()
         return ep
 
@@ -127,20 +179,28 @@ class Planner:
             self._check(source, procs)
             source = None
         if source is None:
-            seed = None if self.detshuffle else random.SystemRandom().randrange(2**63)
+            used = self.pass_epoch(epoch)
+            self._passed(epoch, used)
             if not self.resampled:
-                return Epoch(epoch, procs, self.items(self.base(epoch), procs))
-            return self._resampled_epoch(Epoch(epoch, procs, [], resample_seed=seed))
+                return Epoch(used, procs, self.items(self.base(used), procs, used), seed=self.seed)
+            seed = self._resample_seed(used) if self.detshuffle else random.SystemRandom().randrange(2**63)
+            return self._resampled_epoch(Epoch(used, procs, [], resample_seed=seed, seed=self.seed))
         self._check(source, procs)
-        if source["epoch"] != epoch:
+        if source["epoch"] != epoch and not self.detshuffle:
             log.warning("wds-async: resuming epoch %d from the loaded state; the dataset's epoch %d (set_epoch) "
                         "applies from the next iteration on", source["epoch"], epoch)
-        epoch = source["epoch"]
+        self._passed(epoch, source["epoch"])
+        seed = source.get("seed", self.seed)
+        resumed = source["epoch"]
         progress = Progress.from_dict(source["progress"])
         if self.resampled:
-            return self._resampled_epoch(Epoch(epoch, procs, [], progress, resample_seed=source["resample_seed"]))
+            resample_seed = source["resample_seed"]
+            if resample_seed is None:  # a state of an older version, which kept no seed when deterministic
+                resample_seed = self._resample_seed(resumed)
+            return self._resampled_epoch(Epoch(resumed, procs, [], progress, resample_seed=resample_seed, seed=seed))
         base = source["base"]
-        return Epoch(epoch, procs, self.items(base if base is not None else self.base(epoch), procs), progress, base)
+        items = self.items(base if base is not None else self.base(resumed, seed), procs, resumed, seed)
+        return Epoch(resumed, procs, items, progress, base, seed=seed)
 
     def _check(self, source: dict[str, Any], procs: Processes) -> None:
         if source["dataset"] != self.fingerprint or source["mode"] != self.mode:
@@ -160,17 +220,21 @@ class Planner:
         if self.entries is None and not self._default_split():
             raise ValueError("an elastic resume without an index needs the default node and worker splitters")
         # A process that had not delivered its first sample saved no epoch: it owes its whole share.
-        epoch = next((s["source"]["epoch"] for s in states if s["source"]["epoch"] is not None), epoch)
+        dataset_epoch = epoch
+        epoch = next((s["source"]["epoch"] for s in states if s["source"]["epoch"] is not None),
+                     self.pass_epoch(epoch))
+        self._passed(dataset_epoch, epoch)
         plans = []
         for state in states:
             source = state["source"]
             self._check(source, Processes(*source["processes"]))
             old = Processes(*source["processes"])
-            base = source["base"] if source["base"] is not None else self.base(epoch)
-            plans.append((self.items(base, old), Progress.from_dict(source["progress"]), held(state)))
-        order = shard_order(len(self.urls), self.seed, epoch, self.shardshuffle)
+            seed = source.get("seed", self.seed)  # each old process's own: its shards were shuffled with it
+            base = source["base"] if source["base"] is not None else self.base(epoch, seed)
+            plans.append((self.items(base, old, epoch, seed), Progress.from_dict(source["progress"]), held(state)))
+        order = self._order(epoch, states[0]["source"].get("seed", self.seed))
         base = remaining_runs(plans, self.entries, order)
-        return Epoch(epoch, procs, self.items(base, procs), Progress(), base)
+        return Epoch(epoch, procs, self.items(base, procs, epoch), Progress(), base, seed=self.seed)
 
     def source_state(self, ep: Epoch | None) -> dict[str, Any]:
         """The JSON-friendly state of ``ep`` (or of an epoch not started yet)."""
@@ -179,6 +243,7 @@ class Planner:
             "dataset": self.fingerprint, "mode": self.mode, "epoch": ep.epoch if ep is not None else None,
             "processes": procs.as_list(), "base": ep.base if ep is not None else None,
             "resample_seed": ep.resample_seed if ep is not None else None,
+            "seed": ep.seed if ep is not None else self.seed,
             "progress": (ep.progress if ep is not None else Progress()).to_dict(),
         }
 

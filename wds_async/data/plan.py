@@ -4,8 +4,11 @@ The plan is a pure function of what every process knows alike (shard list or ind
 ``epoch``, world size, worker count) and of the epoch's *base*: the work of the whole epoch, as runs.
 
 * **Shard runs** ``(shard, start, end)``: byte ranges of shards (``end=None``: to the end). A fresh epoch
-  is one run per shard, in shard order shuffled by ``(seed, epoch)``; the node and worker splitters then
-  pick this process's runs, as webdataset splits shards.
+  is one run per shard, in shard order; the node and worker splitters pick this process's runs, and
+  ``shardshuffle=n`` then shuffles them as webdataset 1.0.2's ``WebDataset`` does, after the split, with
+  its buffer shuffle of size ``n`` seeded by :func:`epoch_seed` (so the same seed gives the same order).
+* **Resampled**: shards drawn with replacement, endlessly, as webdataset's ``ResampledShards`` draws them
+  (``rng.randint`` over the list), then split by the node and worker splitters as its ``WebDataset`` does.
 * **Index runs** ``(shard, lo, hi)``: sample ranges of shards whose sample offsets an index records.
   The runs are laid end to end and cut into ``world * workers`` shares of equal sample counts (a share
   may begin and end mid-shard). ``drop_last=False`` pads the last shares by wrapping around to the
@@ -18,13 +21,15 @@ same way among the new processes.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..engine.work import WorkItem
+from .stages.stateful import Shuffle
 
-__all__ = ["Processes", "index_items", "shard_items", "shard_order", "split_equal"]
+__all__ = ["Processes", "buffer_shuffled", "epoch_seed", "index_items", "resampled_items", "shard_items", "shard_order",
+           "split_equal"]
 
 Splitter = Callable[[Iterable[Any]], Iterable[Any]]
 
@@ -50,29 +55,68 @@ class Processes:
         return [self.rank, self.world, self.worker, self.workers]
 
 
-def shard_order(nshards: int, seed: int, epoch: int, shuffle: bool) -> list[int]:
-    """Shard indices in this epoch's order: the same in every process."""
+def shard_order(nshards: int, seed: Any, epoch: int, shuffle: bool) -> list[int]:
+    """Shard indices in this epoch's order, the same in every process (the order an index's shares follow)."""
     order = list(range(nshards))
     if shuffle:
         random.Random(f"{seed}:{epoch}").shuffle(order)
     return order
 
 
-def shard_items(runs: Sequence[Sequence[Any]], urls: Sequence[str], splitters: Sequence[Splitter | None]
-                ) -> list[WorkItem]:
+def epoch_seed(seed: Any, epoch: int) -> Any:
+    """The seed of epoch ``epoch``'s shard shuffle: ``seed`` itself in epoch 0 (webdataset's
+    ``shuffle(n, seed=seed)``), ``seed + epoch`` after it (webdataset's ``detshuffle``); a seed that is not an
+    int (webdataset reads ``WDS_SEED`` as a string) is combined with the epoch as ``"seed:epoch"``."""
+    if epoch == 0:
+        return seed
+    if isinstance(seed, int):
+        return seed + epoch
+    return f"{seed}:{epoch}"
+
+
+def buffer_shuffled(entries: Iterable[Any], bufsize: int, seed: Any) -> list[Any]:
+    """``entries`` through webdataset's ``shuffle(bufsize, seed=seed)`` (its default ``initial`` of 100): the
+    order its ``WebDataset(shardshuffle=bufsize)`` gives the shards of one process."""
+    return list(Shuffle(bufsize, 100, seed=seed)(entries))
+
+
+def shard_items(runs: Sequence[Sequence[Any]], urls: Sequence[str], splitters: Sequence[Splitter | None],
+                reorder: Callable[[list[Any]], list[Any]] | None = None) -> list[WorkItem]:
     """This process's items of shard runs ``(shard, start, end)``, chosen by webdataset-style splitters
-    (each sees ``{"url": ...}`` dicts and returns the ones to keep)."""
+    (each sees ``{"url": ...}`` dicts and returns the ones to keep), then put in order by ``reorder``."""
     stream: Iterable[Any] = ({"url": urls[run[0]], "shard": run[0], "start": run[1], "end": run[2]} for run in runs)
     for splitter in splitters:
         if splitter is not None:
             stream = splitter(stream)
-    items = []
+    entries = list(stream)
+    for entry in entries:
+        if not isinstance(entry, dict) or "shard" not in entry:
+            raise TypeError("a nodesplitter/workersplitter must return the {'url': ...} dicts it was given")
+    if reorder is not None:
+        entries = reorder(entries)
+    return [WorkItem(id=n, shard=entry["shard"], url=urls[entry["shard"]], start=entry["start"], end=entry["end"])
+            for n, entry in enumerate(entries)]
+
+
+def resampled_items(urls: Sequence[str], seed: Any, splitters: Sequence[Splitter | None]) -> Iterator[WorkItem]:
+    """Shards drawn with replacement, endlessly: ``random.Random(seed)`` draws ``randint(0, len(urls) - 1)`` for
+    each, as webdataset's ``ResampledShards``; the splitters then keep this process's draws (lazily)."""
+    rng = random.Random(seed)
+    last = len(urls) - 1
+
+    def draws() -> Iterator[dict[str, Any]]:
+        while True:
+            shard = rng.randint(0, last)
+            yield {"url": urls[shard], "shard": shard}
+
+    stream: Iterable[Any] = draws()
+    for splitter in splitters:
+        if splitter is not None:
+            stream = splitter(stream)
     for n, entry in enumerate(stream):
         if not isinstance(entry, dict) or "shard" not in entry:
             raise TypeError("a nodesplitter/workersplitter must return the {'url': ...} dicts it was given")
-        items.append(WorkItem(id=n, shard=entry["shard"], url=urls[entry["shard"]], start=entry["start"],
-                              end=entry["end"]))
-    return items
+        yield WorkItem(id=n, shard=entry["shard"], url=urls[entry["shard"]])
 
 
 def split_equal(runs: Sequence[Sequence[int]], count: int, index: int, drop_last: bool) -> list[tuple[int, int, int]]:

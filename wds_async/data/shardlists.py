@@ -12,6 +12,7 @@ Items are ``{"url": ...}`` dicts, which :func:`~wds_async.data.pipeline.tarfile_
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 import time
@@ -86,7 +87,9 @@ class ResampledShards(IterableDataset):  # type: ignore[type-arg]
     """An endless (or ``nshards`` long) stream of shards drawn with replacement.
 
     ``deterministic=True`` seeds each iteration from ``make_seed(worker_seed(), epoch, seed)``, so ranks and
-    workers draw differently and a run can be repeated; otherwise each iteration seeds from the OS. ``epoch``
+    workers draw differently and a run can be repeated; otherwise each iteration seeds from the OS
+    (``WDS_SHOW_SEED=1`` prints the seed, as in webdataset). Each shard is ``urls[rng.randint(0, len - 1)]``,
+    webdataset 1.0.2's draw. ``epoch``
     starts at -1 and is incremented by every new iteration, so each epoch draws anew. ``urls``: a pattern
     (expanded) or a sequence; at most ``max_urls`` are taken from a non-list iterable. With ``empty_check``
     an empty list raises ``ValueError``; without, the stream is empty."""
@@ -112,13 +115,17 @@ class ResampledShards(IterableDataset):  # type: ignore[type-arg]
     def __iter__(self) -> Iterator[dict[str, str]]:
         self.epoch += 1
         if self.deterministic:
-            rng = random.Random(make_seed(self.worker_seed(), self.epoch, self.seed))
+            seed = make_seed(self.worker_seed(), self.epoch, self.seed)
         else:
-            rng = random.Random()  # seeded from os.urandom
+            seed = random.SystemRandom().getrandbits(64)  # webdataset mixes pid, clock and os.urandom into one
+        if os.environ.get("WDS_SHOW_SEED", "0") == "1":
+            print(f"# ResampledShards seed {seed}")
+        self.rng = random.Random(seed)
         if not self.urls:
             return
+        last = len(self.urls) - 1
         for _ in range(self.nshards):
-            yield {"url": rng.choice(self.urls)}
+            yield {"url": self.urls[self.rng.randint(0, last)]}
 
 
 

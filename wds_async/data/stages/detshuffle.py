@@ -6,8 +6,9 @@ gets a new order: ``DataPipeline(SimpleShardList(urls), detshuffle(100), ...)`` 
 identically on every rank before ``split_by_node``, and differently each epoch.
 
 For the same ``(seed, epoch)`` the order is webdataset 1.0.2's: the random generator is seeded with
-``seed + epoch``, the buffer fills and yields as there, and the items left when the input ends come out in
-webdataset's order too (a random index each, its place taken by the last item). The stage is a
+``seed + epoch`` and drawn from by the buffer shuffle of :class:`~wds_async.data.stages.stateful.Shuffle`, whose
+draws are webdataset's ``shuffle``'s. As there, a stage pickled into DataLoader workers advances its epoch in
+each worker's copy, so workers that are not persistent start every epoch from the same one. The stage is a
 :class:`~wds_async.data.stages.stateful.StatefulStage`, so a fluid pipeline can checkpoint it mid-epoch; its state adds
 the epoch to the shuffle's.
 """
@@ -15,26 +16,12 @@ the epoch to the shuffle's.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Iterator, MutableSequence
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from .stateful import Pairs, Positions, Runner, Shuffle, StatefulStage
 
 __all__ = ["DetShuffle"]
-
-
-class _DrainLikeWebdataset(random.Random):
-    """The shuffle runner drains its buffer with ``rng.shuffle(buf)``; this generator's ``shuffle`` orders
-    the buffer the way webdataset drains it, one random pick at a time, using the same draws."""
-
-    def shuffle(self, x: MutableSequence[Any]) -> None:  # type: ignore[override]
-        left, order = list(x), []
-        while left:
-            k = self.randrange(len(left))
-            order.append(left[k])
-            left[k] = left[-1]
-            left.pop()
-        x[:] = order
 
 
 class _EpochRunner(Runner):
@@ -59,18 +46,17 @@ class _EpochRunner(Runner):
 
 class DetShuffle(StatefulStage):
     """Shuffle within a buffer of ``bufsize`` items (yielding once ``initial`` are held), seeded with
-    ``seed + epoch``; ``epoch`` is incremented before every pass, so the first pass uses ``epoch + 1``."""
+    ``seed + epoch``; ``epoch`` is incremented before every pass, so the first pass uses ``epoch + 1``.
+    A ``bufsize`` below 1 keeps the order (webdataset's too)."""
 
     streaming = False
 
     def __init__(self, bufsize: int = 1000, initial: int = 100, seed: int = 0, epoch: int = -1) -> None:
-        if bufsize < 1:
-            raise ValueError(f"detshuffle: bufsize must be >= 1, got {bufsize}")
         self.bufsize, self.initial, self.seed, self.epoch = bufsize, initial, int(seed), int(epoch)
 
     def runner(self) -> Runner:
         self.epoch += 1
-        rng = _DrainLikeWebdataset(self.seed + self.epoch)
+        rng = random.Random(self.seed + self.epoch)
         return _EpochRunner(self, Shuffle(self.bufsize, self.initial, rng=rng).runner())
 
     def run(self, source: Iterable[Any]) -> Iterator[Any]:

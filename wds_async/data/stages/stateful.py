@@ -15,7 +15,6 @@ which :meth:`FluidPipeline.state_dict` checks.
 
 from __future__ import annotations
 
-import collections
 import random
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -68,54 +67,69 @@ def _rng_state(rng: random.Random) -> list[Any]:
 
 
 class _ShuffleRunner(Runner):
+    """webdataset 1.0.2's buffer shuffle, draw for draw: for each input, add it and, while the buffer is below
+    ``bufsize``, one more; once ``min(initial, bufsize)`` are held, yield one picked by ``rng.randint(0, len - 1)``
+    (the last item takes its place). When the input ends, the rest come out the same way, one pick each."""
+
     def __init__(self, stage: Shuffle) -> None:
-        self.bufsize, self.initial = stage.bufsize, max(1, min(stage.initial, stage.bufsize))
-        self.rng = stage.rng or (random.Random(stage.seed) if stage.seed is not None else random.Random())
+        self.bufsize, self.initial = stage.bufsize, min(stage.initial, stage.bufsize)
+        if stage.rng is not None:
+            self.rng = stage.rng  # shared by every pass, as webdataset's: each pass goes on drawing from it
+        else:
+            self.rng = random.Random(stage.seed) if stage.seed is not None else random.Random()
         self.buf: list[tuple[Any, Positions]] = []
-        self.tail: collections.deque[tuple[Any, Positions]] | None = None  # the shuffled rest, once input ended
-        self.n = 0
+        self.draining = False  # the input ended: only picks are left
+
+    def _pick(self) -> Any:
+        buf = self.buf
+        k = self.rng.randint(0, len(buf) - 1)
+        item = buf[k][0]
+        buf[k] = buf[-1]
+        buf.pop()
+        return item
 
     def __call__(self, data: Pairs) -> Iterator[Any]:
-        if self.tail is None:
-            buf, rng = self.buf, self.rng
-            for pair in data:
+        buf = self.buf
+        if not self.draining:
+            source = iter(data)
+            for pair in source:
                 buf.append(pair)
-                n, self.n = self.n, self.n + 1
-                if len(buf) < self.initial:
-                    continue
-                if len(buf) < self.bufsize and n % 2 == 0:
-                    continue  # grow the buffer by one every other item until it holds bufsize
-                index = rng.randrange(len(buf))
-                buf[index], buf[-1] = buf[-1], buf[index]
-                yield buf.pop()[0]
-            rng.shuffle(buf)
-            self.tail, self.buf = collections.deque(buf), []
-        while self.tail:
-            yield self.tail.popleft()[0]
+                if len(buf) < self.bufsize:
+                    extra = next(source, None)  # items are (item, positions) pairs: never None
+                    if extra is not None:
+                        buf.append(extra)
+                if len(buf) >= self.initial:
+                    yield self._pick()
+            self.draining = True
+        while buf:
+            yield self._pick()
 
     def held(self) -> list[Positions]:
-        return [pos for _, pos in (self.tail if self.tail is not None else self.buf)]
+        return [pos for _, pos in self.buf]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"rng": _rng_state(self.rng), "n": self.n, "draining": self.tail is not None}
+        return {"rng": _rng_state(self.rng), "draining": self.draining}
 
     def load_state_dict(self, state: dict[str, Any], pairs: list[tuple[Any, Positions]]) -> None:
         version, internal, gauss = state["rng"]
         self.rng.setstate((version, tuple(internal), gauss))
-        self.n = state["n"]
-        if state["draining"]:
-            self.tail = collections.deque(pairs)
-        else:
-            self.buf = pairs
+        self.draining = bool(state["draining"])
+        self.buf = list(pairs)  # in held() order: the picks index into the buffer
 
 
 class Shuffle(StatefulStage):
-    """Shuffle within a buffer of ``bufsize`` items, starting to yield once ``initial`` are held."""
+    """Shuffle within a buffer of ``bufsize`` items, starting to yield once ``initial`` are held; the draws are
+    webdataset 1.0.2's ``shuffle``'s, so the same ``seed`` or the same ``rng`` gives the same order.
+
+    ``seed``: every pass starts a ``random.Random(seed)`` (the same order each pass); ``rng``: every pass draws
+    on from that generator; neither: a generator seeded by the OS per pass. webdataset refuses both at once."""
 
     streaming = False
 
-    def __init__(self, bufsize: int = 1000, initial: int = 100, seed: int | None = None,
+    def __init__(self, bufsize: int = 1000, initial: int = 100, seed: Any = None,
                  rng: random.Random | None = None) -> None:
+        if seed is not None and rng is not None:
+            raise ValueError("shuffle: pass seed= or rng=, not both")
         self.bufsize, self.initial, self.seed, self.rng = bufsize, initial, seed, rng
 
     def runner(self) -> Runner:
