@@ -21,6 +21,48 @@ def test_shuffle_buffer_grows_to_bufsize() -> None:
     assert max(abs(i - v) for i, v in enumerate(out)) > 100
 
 
+@pytest.mark.parametrize("how", ["rng", "seed"])
+def test_shuffle_draws_are_webdatasets(how: str) -> None:
+    """Every fill size, buffer size and input length gives webdataset 1.0.2's order, and leaves a shared generator
+    where webdataset's leaves it (a single item left still costs a draw)."""
+    from webdataset.filters import _shuffle
+
+    for n in (0, 1, 2, 3, 9, 64, 250):
+        for bufsize in (-1, 0, 1, 2, 5, 32, 1000):
+            for initial in (-2, 0, 1, 4, 100):
+                if how == "rng":
+                    theirs_rng, ours_rng = random.Random(n + bufsize), random.Random(n + bufsize)
+                    theirs = list(_shuffle(iter(range(n)), bufsize, initial, rng=theirs_rng))
+                    ours = list(shuffle(iter(range(n)), bufsize, initial, rng=ours_rng))
+                    assert ours_rng.getstate() == theirs_rng.getstate()
+                else:
+                    theirs = list(_shuffle(iter(range(n)), bufsize, initial, seed=n))
+                    ours = list(shuffle(iter(range(n)), bufsize, initial, seed=n))
+                assert ours == theirs, (n, bufsize, initial)
+                assert sorted(ours) == list(range(n))
+
+
+@pytest.mark.parametrize("stop", [0, 3, 17, 40, 59, 60, 61, 79])
+def test_shuffle_runner_resumes_from_its_state(stop: int) -> None:
+    """Stopped after ``stop`` outputs (filling, steady, or draining), a runner's state plus its held items rebuilt
+    from their positions continues into exactly the rest of the uninterrupted order."""
+    from wds_async.data.stages.stateful import Shuffle
+
+    pairs = [(i, [[0, i, i + 1]]) for i in range(80)]  # the item, and the source position it came from
+    stage = Shuffle(25, 6, seed=3)
+    full = list(stage.runner()(iter(pairs)))
+    runner = stage.runner()
+    source = iter(pairs)
+    out = runner(source)
+    head = [next(out) for _ in range(stop)]
+    state, held = runner.state_dict(), runner.held()
+    consumed = len(pairs) - len(list(source))  # what the runner pulled from its input
+    again = stage.runner()
+    again.load_state_dict(state, [(pos[0][1], pos) for pos in held])
+    rest = list(again(iter(pairs[consumed:])))
+    assert head + rest == full
+
+
 def test_to_tuple_alternatives_and_missing() -> None:
     samples = [{"__key__": "a", "png": 1, "cls": 2}, {"__key__": "b", "jpg": 3, "cls": 4}]
     assert list(to_tuple(iter(samples), "jpg;png", "cls")) == [(1, 2), (3, 4)]
