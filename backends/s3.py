@@ -16,6 +16,16 @@ backend then remembers the bucket's region (per instance), signs again for it (a
 regional endpoint) and retries once; later requests for the bucket are signed for it from the start.
 Listing goes through the SDK, whose own region redirector (always on for S3 clients) does the same.
 
+Start-up. Building a client is the SDK's slow step (it loads S3's service model and endpoint rules: about 0.1 to
+0.3 s of CPU before the first request can be signed), so it is taken off the first sample's path: one boto3
+Session per profile and AWS environment is shared by the process (a second client from a warm session costs
+about 20 ms), clients are shared by every backend with the same settings, and they are built in a daemon thread,
+never on the event loop: from :func:`warm_up` as soon as the registry imports this module (at ``WebDataset(...)``,
+before iteration), and for a backend's own settings from its constructor. A fork waits for a build in progress
+(``os.register_at_fork``), so a DataLoader worker inherits a warm session and never a half-built one; its own
+clients are built in the worker (they are per process). The credential chain's first resolution runs in that
+thread too.
+
 Throttling (``503 SlowDown``) and 5xx are transient and retried by the engine; 403 names the
 credential source botocore used (``env``, ``shared-credentials-file``, ``assume-role``, ...), never a key.
 """
@@ -23,9 +33,12 @@ credential source botocore used (``env``, ``shared-credentials-file``, ``assume-
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import logging
+import os
 import re
+import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -43,7 +56,7 @@ from wds_async.urls import redact_text
 
 from .http import HttpBackend
 
-__all__ = ["S3Backend", "WrongRegion", "make_client", "split_s3_url"]
+__all__ = ["S3Backend", "WrongRegion", "client_future", "make_client", "split_s3_url", "warm_up"]
 
 log = logging.getLogger("wds_async")
 
@@ -77,28 +90,31 @@ class S3Backend(HttpBackend):
         self.region = region
         self.profile = profile
         self.anonymous = anonymous
-        self._clients: dict[str | None, Any] = {}  # signing region (None: the configured one) -> client
-        self._client_lock: asyncio.Lock | None = None
+        #: signing region (None: the configured one) -> the client being built or built for it
+        self._clients: dict[str | None, concurrent.futures.Future[tuple[Any, str]]] = {}
         #: bucket -> the region the store named for it in a redirect; requests for it are signed for that.
         self.bucket_regions: dict[str, str] = {}
         self.credential_source = "not resolved yet"
+        self._future(None)  # the configured region's client: its build starts now, in a thread
 
     # -- the SDK, off the loop -------------------------------------------------------------------
-    def _make_client(self, region: str | None) -> Any:
-        client, self.credential_source = make_client(endpoint_url=self.endpoint_url, region=region or self.region,
-                                                     profile=self.profile, anonymous=self.anonymous)
+    def _future(self, region: str | None) -> concurrent.futures.Future[tuple[Any, str]]:
+        found = self._clients.get(region)
+        if found is None or (found.done() and found.exception() is not None):  # a failed build is tried again
+            found = self._clients[region] = client_future(endpoint_url=self.endpoint_url,
+                                                          region=region or self.region, profile=self.profile,
+                                                          anonymous=self.anonymous)
+        return found
+
+    async def _client(self, region: str | None) -> Any:
+        client, self.credential_source = await asyncio.wrap_future(self._future(region))
         return client
 
     async def _sdk(self, fn: Callable[..., T], *args: Any, url: str, region: str | None = None, **kwargs: Any) -> T:
         """Run a blocking SDK call in a thread, with the client signing for ``region`` (None: the configured
-        one), and translate its errors at this boundary."""
-        if self._client_lock is None:
-            self._client_lock = asyncio.Lock()
-        async with self._client_lock:
-            client = self._clients.get(region)
-            if client is None:
-                client = self._clients[region] = await asyncio.to_thread(self._make_client, region)
+        one), and translate its errors (the client's build included) at this boundary."""
         try:
+            client = await self._client(region)
             return await asyncio.to_thread(fn, client, *args, **kwargs)
         except botocore.exceptions.NoCredentialsError:
             raise PermissionDenied(
@@ -224,25 +240,100 @@ def make_client(*, endpoint_url: str | None = None, region: str | None = None, p
     """A boto3 S3 client configured as the backend's (profile, region, endpoint with path-style addressing,
     unsigned when anonymous) and the name of its credential source, for messages (never a key). The
     writers (:mod:`wds_async.write.sinks`) use it too; ``retries`` caps botocore's own retries of a failed call
-    (0: none), ``verify`` is a CA bundle for an https endpoint."""
-    session = boto3.Session(profile_name=profile) if profile else boto3.Session()
+    (0: none), ``verify`` is a CA bundle for an https endpoint. Blocking (the SDK loads its models, the credential
+    chain may ask a metadata service): call it from a thread. Made from the process's shared session for the
+    profile and the current AWS environment."""
     config = Config(
         signature_version=UNSIGNED if anonymous else "s3v4",
         s3={"addressing_style": "path"} if (endpoint_url or _env_endpoint()) else {},
         retries={"max_attempts": retries, "mode": "standard"},  # botocore's max_attempts counts retries
         max_pool_connections=max_pool_connections,
     )
-    client = session.client("s3", endpoint_url=endpoint_url, region_name=region, config=config, verify=verify)
+    env = _aws_env()
+    with _SDK_LOCK:  # a boto3 Session is not thread-safe: its clients are made one at a time
+        session = _SESSIONS.get((profile, env))
+        if session is None:
+            session = boto3.Session(profile_name=profile) if profile else boto3.Session()
+        client = session.client("s3", endpoint_url=endpoint_url, region_name=region, config=config, verify=verify)
+        creds = None if anonymous else session.get_credentials()
+        if _aws_env() == env:  # not if the environment changed meanwhile: the session may have read either
+            _SESSIONS[(profile, env)] = session
     if anonymous:
         return client, "anonymous (unsigned requests)"
-    creds = session.get_credentials()
     return client, creds.method if creds is not None else "none found"
 
 
 def _env_endpoint() -> str | None:
-    import os
-
     return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+
+
+def _aws_env() -> tuple[tuple[str, str], ...]:
+    """The AWS_* environment: what a session's credentials, region and endpoints come from besides its files."""
+    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+
+
+# -- the process's sessions and clients, built off the loop --------------------------------------------------
+
+#: boto3 Sessions by (profile, AWS environment); a warm session makes its next client in ~20 ms.
+_SESSIONS: dict[tuple[str | None, tuple[tuple[str, str], ...]], Any] = {}
+#: Clients built or being built, by (process, settings, AWS environment), with their credential source.
+_CLIENTS: dict[tuple[Any, ...], concurrent.futures.Future[tuple[Any, str]]] = {}
+_LOCK = threading.Lock()  # guards _CLIENTS
+_SDK_LOCK = threading.Lock()  # held while a session makes a client; a fork waits for it
+
+
+def client_future(*, endpoint_url: str | None = None, region: str | None = None, profile: str | None = None,
+                  anonymous: bool = False) -> concurrent.futures.Future[tuple[Any, str]]:
+    """``make_client(...)``'s result for these settings, shared by the process: built once, in a daemon thread
+    started now (never on the caller's thread), and again when the AWS environment differs."""
+    key = (os.getpid(), endpoint_url, region, profile, anonymous, _aws_env())
+    with _LOCK:
+        found = _CLIENTS.get(key)
+        if found is not None and not (found.done() and found.exception() is not None):
+            return found
+        future: concurrent.futures.Future[tuple[Any, str]] = concurrent.futures.Future()
+        _CLIENTS[key] = future
+
+    def build() -> None:
+        try:
+            future.set_result(make_client(endpoint_url=endpoint_url, region=region, profile=profile,
+                                          anonymous=anonymous))
+        except BaseException as exc:  # handed to whoever awaits the client
+            future.set_exception(exc)
+
+    threading.Thread(target=build, name="wds-async-s3-client", daemon=True).start()
+    return future
+
+
+def warm_up() -> None:
+    """Start building the default S3 client (endpoint, region and credentials from the environment) in a thread:
+    the registry calls this when it imports the module, so the SDK's models and the credential chain are loaded
+    while the dataset is built and its iteration starts, and a backend's own client comes from a warm session."""
+    client_future(region=None)
+
+
+def _before_fork() -> None:
+    # A child must not inherit a session half-way through making a client (its lock held by a thread that does
+    # not exist there): wait for the build in progress, bounded.
+    if _SDK_LOCK.acquire(timeout=30):
+        _FORK_HELD.set()
+
+
+def _after_fork_in_parent() -> None:
+    if _FORK_HELD.is_set():
+        _FORK_HELD.clear()
+        _SDK_LOCK.release()
+
+
+def _after_fork_in_child() -> None:
+    global _LOCK, _SDK_LOCK, _FORK_HELD
+    _LOCK, _SDK_LOCK, _FORK_HELD = threading.Lock(), threading.Lock(), threading.Event()
+    _CLIENTS.clear()  # the parent's clients stay the parent's; the warm sessions are kept
+
+
+_FORK_HELD = threading.Event()
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                    after_in_child=_after_fork_in_child)
 
 
 def _presign(client: Any, operation: str, bucket: str, key: str) -> str:

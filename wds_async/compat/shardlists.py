@@ -15,7 +15,7 @@ from itertools import islice
 from typing import Any
 
 from ..data.pipeline import split_by_node, split_by_worker
-from ..data.shardlists import ResampledShards, SimpleShardList, make_seed, non_empty, resampled, shardspec
+from ..data.shardlists import ResampledShards, SimpleShardList, _resampled, make_seed, non_empty, resampled, shardspec
 from ..data.topology import node_info
 from ..errors import UrlError
 from ..urls import expand_env, expand_urls
@@ -23,7 +23,7 @@ from ._names import refusing
 
 __all__ = [
     "ResampledShardList", "ResampledShards", "SimpleShardList", "default_rng", "envlookup", "envsubst",
-    "expand_source", "expand_urls", "make_seed", "non_empty", "resampled", "shardspec", "single_node_only",
+    "expand_source", "expand_urls", "make_seed", "non_empty", "resampled", "resampled_", "shardspec", "single_node_only",
     "split_by_node", "split_by_worker",
 ]
 
@@ -44,6 +44,9 @@ __getattr__ = refusing("webdataset.shardlists", {
 default_rng = random.Random()
 
 ResampledShardList = ResampledShards
+
+#: The uncurried ``resampled`` stage: ``resampled_(src, n)`` draws ``n`` items with replacement from ``src``.
+resampled_ = _resampled
 
 
 def envlookup(m: re.Match[str]) -> str:
