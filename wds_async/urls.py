@@ -223,10 +223,11 @@ def redact_url(url: str) -> str:
     :func:`~wds_async.errors.scrub_secrets`, the project's one scrubber). Text-level: a URL no parser accepts
     (``http://u:pw@[::1/x``) is scrubbed the same way. A URL with nothing to hide comes back unchanged.
 
-    A ``pipe:`` command is returned as it is: it is a shard's identity in an index (entries are matched to a
-    job's URLs by it); use :func:`redact_text` to show one, as errors and the command line do."""
+    A ``pipe:`` command is scrubbed as text (every URL and ``name=value`` in it): it is shown in logs, reports and
+    errors, and stored as a shard's name in an index and the shard cache, none of which may keep a credential. An
+    index matches its entries to a job's commands by :func:`url_key`, which is computed from this form."""
     if url.startswith("pipe:"):
-        return url
+        return scrub_secrets(url)
     return scrub_secrets(url, one_url=_BLANK.search(url) is None)
 
 

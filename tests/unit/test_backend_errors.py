@@ -159,7 +159,8 @@ def test_status_notes_end_the_message_and_empty_ones_are_dropped() -> None:
     # nothing to hide: the text stays exactly as given
     ("https://h/a%20b.tar?part=a%20b&alt=media", "https://h/a%20b.tar?part=a%20b&alt=media"),
     ("gs:///no-bucket", "gs:///no-bucket"),
-    ("pipe:curl -s https://u:p@h/x", "pipe:curl -s https://u:p@h/x"),
+    ("pipe:curl -s https://u:p@h/x", "pipe:curl -s https://u:***@h/x"),
+    ("pipe:cat /data/shard-000000.tar", "pipe:cat /data/shard-000000.tar"),
     ("/data/shard-000000.tar", "/data/shard-000000.tar"),
 ])
 def test_redact_url(url: str, shown: str) -> None:
