@@ -240,6 +240,10 @@ def probe_opens(path: str, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def probe_read(path: str, args: dict[str, Any]) -> dict[str, Any]:
+    """One dataset read (``urls``, ``kwargs``, ``compare``, ``announce``), or several: ``runs``, a list of
+    those, answered with ``{"runs": [result, ...]}`` (one process start for all)."""
+    if "runs" in args:
+        return {"runs": [probe_read(path, run) for run in args["runs"]]}
     import wds_async as wds
     from tests.conftest import sample_digest
 

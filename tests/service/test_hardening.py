@@ -196,6 +196,31 @@ def test_queued_opens_are_bounded(service: ServiceHandle, store: Any) -> None:
     assert wait_until(lambda: service.status()["sessions"] == 0 and service.status()["request_bytes"] == 0, 10)
 
 
+def test_clients_that_each_claim_the_whole_node_share_it(sock_dir: str, pattern: str) -> None:
+    """A client says how many processes share the node; three that each say "one" each got the whole node
+    budget (3 x 224 MiB here). Now a session gets its share of what the others leave, at least 8 MiB."""
+    node, ring = 256 << 20, 256 << 10
+    with start_service(os.path.join(sock_dir, "svc.sock"), ring_bytes=ring, node_buffered_bytes=node) as svc:
+        stalled = [iter(wds.WebDataset(pattern, service=svc.url)) for _ in range(3)]
+        for samples in stalled:
+            next(samples)  # processes=1: each asks for the whole node
+        assert svc.status()["sessions"] == 3
+        assert svc.status()["held_bytes"] <= node + 2 * ((8 << 20) + ring)
+        for samples in stalled:
+            samples.close()  # type: ignore[attr-defined]
+
+
+def test_backend_settings_are_bounded(service: ServiceHandle, store: Any) -> None:
+    """Every distinct read_timeout is a set of connection pools; a client cycling through them used to make
+    the service keep each for good. At most 16 are kept; unused ones are closed to make room."""
+    url = store.base_url + "shard-000000.tar"
+    expected = sample_digest(wds.WebDataset(url))
+    for timeout in range(40, 60):  # each read to its end: its open is over, its set unused
+        assert sample_digest(wds.WebDataset(url, read_timeout=timeout, service=service.url)) == expected
+    kept = service.status()["backends"]
+    assert len(kept) == 16 and {"connect_timeout": 30.0, "read_timeout": 59, "chunk_bytes": 1 << 20} in kept
+
+
 # -- 6: pipe: and local paths -------------------------------------------------------------------------------
 @pytest.fixture
 def two_dirs(tmp_path: Path, shard_dir: Path) -> tuple[Path, Path]:
@@ -212,21 +237,21 @@ def test_pipe_commands_and_relative_paths_are_the_clients(sock_dir: str, two_dir
     """`pipe:cat shard.tar` through the service read the service's shard.tar, silently."""
     client, service_dir = two_dirs
     urls = ["pipe:cat shard.tar", 'pipe:cat "$WDS_TEST_SHARD"', "file:shard.tar", "shard.tar"]
+    runs = [{"urls": [url] * 4, "kwargs": {"deterministic": True}, "compare": True} for url in urls]
     with start_service(os.path.join(sock_dir, "svc.sock"), cwd=str(service_dir)) as svc:
-        for url in urls:
-            got = probe("read", svc.socket, {"urls": [url] * 4, "kwargs": {"deterministic": True}, "compare": True},
-                        cwd=str(client), env={"WDS_TEST_SHARD": "shard.tar"})
-            assert got.get("count") and [got["count"], got["digest"]] == got["local"], (url, got)
+        results = probe("read", svc.socket, {"runs": runs}, cwd=str(client), env={"WDS_TEST_SHARD": "shard.tar"})
+    for url, got in zip(urls, results["runs"]):
+        assert got.get("count") and [got["count"], got["digest"]] == got["local"], (url, got)
 
 
 def test_the_operators_no_pipe_wins_over_the_clients_allow_pipe(sock_dir: str, shard_dir: Path) -> None:
     url = f"pipe:cat {shard_dir / 'shard-000000.tar'}"
     for options in ({"env": {"WDS_ASYNC_NO_PIPE": "1"}}, {"no_pipe": True}):
         with start_service(os.path.join(sock_dir, "svc.sock"), **options) as svc:  # type: ignore[arg-type]
-            got = probe("read", svc.socket, {"urls": [url], "kwargs": {"allow_pipe": True}})
+            runs = [{"urls": [url], "kwargs": {"allow_pipe": True}}, {"urls": [str(shard_dir / "shard-000000.tar")]}]
+            got, file_read = probe("read", svc.socket, {"runs": runs})["runs"]
             assert got.get("error_type") == "ServiceError", (options, got)
             assert "does not run pipe: commands" in got["message"] and svc.socket in got["message"]
-            file_read = probe("read", svc.socket, {"urls": [str(shard_dir / "shard-000000.tar")]})
             assert file_read.get("count"), file_read  # the service itself goes on
 
 

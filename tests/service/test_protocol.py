@@ -114,3 +114,65 @@ def test_a_large_sample_goes_in_a_file_of_its_own() -> None:
         assert [os.pread(fd, len(b), o) for b, o in zip(blocks, offsets)] == blocks
     finally:
         os.close(fd)
+
+
+def test_the_ring_is_sealed_against_resizing() -> None:
+    """A client holds the ring's descriptor: shrinking it would make the service's next write a SIGBUS."""
+    import fcntl
+
+    from wds_async.service.ring import SEALS
+
+    ring = Ring(8192)
+    try:
+        assert fcntl.fcntl(ring.fd, fcntl.F_GET_SEALS) & SEALS == SEALS
+        for size in (0, 4096, 1 << 30):
+            with pytest.raises(PermissionError):
+                os.ftruncate(ring.fd, size)
+        with pytest.raises(PermissionError):  # and the seals cannot be taken off or added to
+            fcntl.fcntl(ring.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE)
+        assert os.fstat(ring.fd).st_size == 8192
+    finally:
+        ring.close()
+
+
+def test_work_items_with_bad_fields_are_refused() -> None:
+    good = [0, 0, "/data/a.tar", 0, None, None, None]
+    assert item_from_json(good) == WorkItem(id=0, shard=0, url="/data/a.tar")
+    for index, value in [(0, "0"), (0, -1), (0, 1.5), (0, float("inf")), (0, True), (2, 7), (2, ""), (3, -1),
+                         (4, -2), (5, "yes"), (6, "etag"), (6, {"size": "big"}), (6, {"colour": "red"})]:
+        bad = list(good)
+        bad[index] = value
+        with pytest.raises(ServiceError, match="bad work item"):
+            item_from_json(bad)
+    with pytest.raises(ServiceError, match="end is before start"):
+        item_from_json([0, 0, "/a", 10, 5, None, None])
+
+
+def test_deep_json_is_a_clear_error() -> None:
+    with pytest.raises(ServiceError, match="nested too deeply"):
+        FrameDecoder().feed(struct.pack(">I", 200_000) + b"[" * 100_000 + b"]" * 100_000)
+
+
+def test_open_frames_are_packed_small_in_order() -> None:
+    """A long item list goes in several open frames, each within OPEN_FRAME_BYTES, none lost or reordered;
+    relative paths leave absolute (``~`` expanded), pipe: frames carry this process's directory and
+    environment."""
+    from wds_async.service.client import _open_frames
+    from wds_async.service.protocol import OPEN_FRAME_BYTES
+
+    items = [WorkItem(id=n, shard=n, url=f"http://h/{'x' * 200}/{n}.tar") for n in range(5000)]
+    frames = list(_open_frames(items, {"settings": {}}))
+    assert len(frames) > 1 and all(len(frame) <= OPEN_FRAME_BYTES for _, frame in frames)
+    assert [i for part, _ in frames for i in part] == items
+    decoded = [FrameDecoder().feed(frame)[0] for _, frame in frames]
+    assert [row[0] for message in decoded for row in message["items"]] == list(range(5000))
+    assert all("context" not in message for message in decoded)
+    local = [WorkItem(id=0, shard=0, url="a.tar"), WorkItem(id=1, shard=1, url="file:b.tar"),
+             WorkItem(id=2, shard=2, url="~/c.tar"), WorkItem(id=3, shard=3, url="/d.tar"),
+             WorkItem(id=4, shard=4, url="pipe:cat e.tar")]
+    (_, frame), = _open_frames(local, {})
+    message = FrameDecoder().feed(frame)[0]
+    assert [row[2] for row in message["items"]] == [os.path.join(os.getcwd(), "a.tar"),
+                                                   os.path.join(os.getcwd(), "b.tar"),
+                                                   os.path.expanduser("~/c.tar"), "/d.tar", "pipe:cat e.tar"]
+    assert message["context"] == {"cwd": os.getcwd(), "env": dict(os.environ)}

@@ -6,7 +6,10 @@
 * :mod:`~wds_async.service.client`: ``service_samples()``, what ``WebDataset(service=...)`` reads through;
 * :mod:`~wds_async.service.protocol`: the frames (sans-IO); :mod:`~wds_async.service.ring`: the shared
   memory the sample bytes travel in; :mod:`~wds_async.service.paths`: socket paths and permissions;
-* :mod:`~wds_async.service.launch`: ``start_service()`` for launchers.
+* :mod:`~wds_async.service.launch`: ``start_service()`` for launchers;
+* :mod:`~wds_async.service.limits`: what one client can make the service hold (connections, time, request
+  bytes); :mod:`~wds_async.service.validate`: what is checked in a client's requests before any engine sees
+  them, and where ``pipe:`` commands run (``docs/service-security.md``).
 """
 
 from __future__ import annotations
