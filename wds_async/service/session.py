@@ -302,13 +302,12 @@ class Session:
             raise ServiceError(f"bad 'open' frame from a client of {path}: 'items' is not a list", url=path)
         items = [item_from_json(value) for value in values]
         config = service.session_config(message.get("settings"), self)
-        options = check_backend_options(message.get("backend_options"), items, path)
+        options, chosen = check_backend_options(message.get("backend_options"), items, path)
         cache = check_cache(message.get("cache"), path)
         context = pipe_context(message.get("context"), path)
         check_items(items, context, service.pipes_allowed, path)
         pipe = None
         if context is not None:
-            chosen = (options or {}).get("pipe") or {}
             pipe = PipeBackend(chunk_bytes=config.chunk_bytes, kill_grace=chosen.get("kill_grace", 1.0),
                                allow_pipe=service.pipes_allowed and chosen.get("allow_pipe", True) is not False,
                                cwd=context.cwd, env=context.env)

@@ -152,10 +152,12 @@ def _engine_check(base: EngineConfig, name: str, value: Any, socket_path: str) -
     return value
 
 
-def check_backend_options(options: Any, items: Iterable[WorkItem], socket_path: str) -> dict[str, Any] | None:
-    """The client's ``backend_options``, checked against the backends its items use (ServiceError if not)."""
+def check_backend_options(options: Any, items: Iterable[WorkItem], socket_path: str
+                          ) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """``(options, pipe_options)``: the client's ``backend_options``, checked against the backends its items
+    use (ServiceError if not), and those of them that concern ``pipe:`` (flat or per scheme)."""
     if options is None:
-        return None
+        return None, {}
     if not isinstance(options, dict):
         raise _refused(socket_path, "backend_options", f"expected an object, got {type(options).__name__}")
     urls = {item.url for item in items}
@@ -173,7 +175,7 @@ def check_backend_options(options: Any, items: Iterable[WorkItem], socket_path: 
             raise _refused(socket_path, f"pipe: option {name}={_short(value)}",
                            f"it must be {_type_names(types)}" + (f" from 0 to {MAX_KILL_GRACE:.0f} seconds"
                                                                  if name == "kill_grace" else ""))
-    return options
+    return options, dict(checked.get("pipe") or {})
 
 
 def check_cache(spec: Any, socket_path: str) -> dict[str, Any] | None:
