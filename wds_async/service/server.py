@@ -104,6 +104,8 @@ class Service:
         self.config = (config or EngineConfig()).replace(
             max_connections="auto", connection_cap=self.node_connections,
             min_connections=min(2, self.node_connections))
+        if not isinstance(ring_bytes, int) or isinstance(ring_bytes, bool) or ring_bytes < 4096:
+            raise ValueError(f"ring_bytes must be an int of at least 4096, got {ring_bytes!r}")
         self.ring_bytes = ring_bytes
         self.backend_options = backend_options
         #: The operator's switch: False refuses every pipe: item, whatever a client's allow_pipe says.
@@ -404,7 +406,8 @@ def serve(socket_path: str | None = None, *, on_ready: Callable[[], None] | None
     """Run a node service on ``socket_path`` (default: :func:`~wds_async.service.paths.default_socket_path`)
     until SIGTERM or SIGINT. ``options``: :class:`Service`'s keywords (``config``, ``max_connections``,
     ``backend_options``, ``cache_dir``, ``cache_size``, ``node_connections``, ``node_buffered_bytes``,
-    ``ring_bytes``). ``metrics_port``: also serve the service-wide counters in Prometheus' format on
+    ``ring_bytes``, ``allow_pipe`` (False: refuse every ``pipe:`` item; None: unless ``WDS_ASYNC_NO_PIPE``),
+    ``max_clients`` (connections per user), ``handshake_timeout``). ``metrics_port``: also serve the service-wide counters in Prometheus' format on
     127.0.0.1:PORT (:func:`wds_async.metrics.serve_metrics`, ``dataset="service"``)."""
     from .paths import default_socket_path
 
