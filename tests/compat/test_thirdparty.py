@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from wds_async.cli.bench.peers._venv import ensure_venv, peers_dir
+from wds_async.cli.bench.peers._venv import VenvError, ensure_venv, peers_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -63,7 +63,10 @@ def venv_python() -> Path:
          *_wds_async_requirements()],
         ["--no-deps", "--target", str(_old_webdataset_dir()), OLD_WEBDATASET],
     ]
-    return ensure_venv(VENV, steps)
+    try:
+        return ensure_venv(VENV, steps)
+    except VenvError:  # a registry hiccup mid-build: the half-built venv is discarded and built once more
+        return ensure_venv(VENV, steps)
 
 
 def _jpeg(value: int) -> bytes:
