@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from .data.decoders import Continue, Decoder, ImageHandler, basichandlers, handle_extension, imagehandler
     from .data.fluid import Stage, pipelinefilter
     from .data.handlers import ignore_and_continue, ignore_and_stop, reraise_exception, warn_and_continue, warn_and_stop
+    from .data.indexed import IndexedWebDataset
     from .data.mix import RandomMix, RoundRobin
     from .data.mock import MockDataset
     from .data.pipeline import (
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
         tarfile_samples,
         tarfile_to_samples,
     )
+    from .data.samplers import BlockShuffleSampler
     from .data.shardlists import ResampledShards, SimpleShardList, non_empty, resampled, shardspec
     from .data.stages.cached import Cached, LMDBCached
     from .data.stages.factories import (
@@ -156,6 +158,8 @@ __all__ = [
     "UrlError",
     "WdsError",
     "WebDataset",
+    "IndexedWebDataset",
+    "BlockShuffleSampler",
     "__version__",
     "braceexpand",
     "build_index",

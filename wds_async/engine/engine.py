@@ -214,14 +214,24 @@ class Engine:
         return item
 
     async def _reader(self, items: Iterator[WorkItem] | ItemFeed) -> None:
-        """Take a token, then the next item; read it; give the token back; repeat until no items remain."""
+        """Take a token, then the next item; read it; give the token back; repeat until no items remain.
+        From a feed the item comes first, then the token: a reader waiting for work must not hold a token,
+        or idle readers could hold every token while a lowered limit keeps a requeued read waiting for one."""
+        feed = items if isinstance(items, ItemFeed) else None
         while not (self._stopping or self.channel.abandoned):
-            await self.limiter.acquire()
-            try:
-                item = await self._next_from_feed(items) if isinstance(items, ItemFeed) else next(items, None)
+            item: WorkItem | None = None
+            if feed is not None:
+                item = await self._next_from_feed(feed)
                 if item is None:
                     self._exhausted = True
                     return
+            await self.limiter.acquire()
+            try:
+                if item is None:
+                    item = next(items, None)  # type: ignore[arg-type]  # not a feed here
+                    if item is None:
+                        self._exhausted = True
+                        return
                 if self._stopping or self.channel.abandoned:
                     return
                 await self._read_item(item)

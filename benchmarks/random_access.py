@@ -1,0 +1,187 @@
+"""Random access against streaming and against wids, on one emulated store.
+
+    python -m benchmarks.random_access            # 16 shards x 250 samples of 64 KiB, 50 ms ttfb, 20 MB/s/conn
+    python -m benchmarks.random_access --wids 0   # skip wids (it takes minutes)
+
+Each run is a fresh subprocess reading the same shards through ``DataLoader(batch_size=64, num_workers=2)``:
+
+* ``stream``: ``WebDataset(urls)`` in shard order (the workers split the shards);
+* ``indexed``: ``IndexedWebDataset(urls, index=...)`` with ``RandomSampler`` (one seeded permutation);
+* ``block``: the same with ``BlockShuffleSampler(block_size=16)``;
+* ``wids``: wids' ``ShardListDataset`` (the ``wids`` package that webdataset 1.0.2 points to) in the same random
+  order as ``indexed``, over the same http store (it downloads whole shards into its cache with curl);
+* ``cached``: ``IndexedWebDataset(..., cache_dir=...)``, two epochs in random order: the store bytes each epoch
+  took (the store's ``/_stats``) and its samples/s.
+
+Reported: samples/s, CPU seconds per sample (this process and its children: the DataLoader workers, not the store),
+and the ratios indexed/stream and indexed/wids. No assertions: figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+from emustore import Knobs, StoreProcess
+
+CHILD = r"""
+import json, os, resource, sys, time
+import torch
+from torch.utils.data import DataLoader, RandomSampler
+import wds_async as wds
+
+mode, urls, index, extra = json.loads(sys.argv[1])
+
+def count(batch):
+    return len(batch)
+
+def cpu():
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+def order(n):
+    return RandomSampler(range(n), generator=torch.Generator().manual_seed(1234))
+
+def run(ds, sampler, epochs=1):
+    out = []
+    for _ in range(epochs):
+        loader = DataLoader(ds, batch_size=64, sampler=sampler, num_workers=2, collate_fn=count,
+                            persistent_workers=False)
+        c0, t0 = cpu(), time.perf_counter()
+        n = sum(loader)
+        wall = time.perf_counter() - t0
+        out.append({"samples": n, "wall_s": wall, "cpu_s": cpu() - c0})
+    return out
+
+if mode == "stream":
+    ds = wds.WebDataset(urls)
+    result = run(ds, None)
+elif mode in ("indexed", "block"):
+    ds = wds.IndexedWebDataset(urls, index=index)
+    sampler = order(len(ds)) if mode == "indexed" else wds.BlockShuffleSampler(ds, block_size=16, seed=1)
+    result = run(ds, sampler)
+elif mode == "cached":
+    ds = wds.IndexedWebDataset(urls, index=index, cache_dir=extra)
+    result = run(ds, order(len(ds)), epochs=1)
+    print(json.dumps(result[0]), flush=True)
+    sys.stdin.readline()  # the parent reads the store's counters between the epochs
+    result = run(ds, order(len(ds)), epochs=1)
+elif mode == "wids":
+    import wids
+    shards = [{"url": u, "nsamples": n} for u, n in zip(urls, extra["nsamples"])]
+    ds = wids.ShardListDataset(shards, cache_dir=extra["dir"], transformations=[], lru_size=extra["lru"])
+    result = run(ds, order(len(ds)))
+print(json.dumps(result[-1]), flush=True)
+"""
+
+
+def _child(mode: str, urls: list[str], index: str, extra: object = None) -> dict[str, float]:
+    out = subprocess.run([sys.executable, "-c", CHILD, json.dumps([mode, urls, index, extra])], capture_output=True,
+                         text=True, check=True, cwd=Path(__file__).resolve().parents[1])
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def _store_bytes(store: StoreProcess) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{store.port}/_stats") as answer:
+        return int(json.load(answer)["bytes_sent"])
+
+
+def _cached(store: StoreProcess, urls: list[str], index: str, cache: str) -> tuple[dict[str, float], ...]:
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(["cached", urls, index, cache])],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).resolve().parents[1])
+    assert proc.stdin is not None and proc.stdout is not None
+    before = _store_bytes(store)
+    first = json.loads(proc.stdout.readline())
+    first["store_mb"] = (_store_bytes(store) - before) / 1e6
+    before = _store_bytes(store)
+    proc.stdin.write("\n")
+    proc.stdin.flush()
+    second = json.loads(proc.stdout.readline())
+    second["store_mb"] = (_store_bytes(store) - before) / 1e6
+    proc.wait()
+    return first, second
+
+
+def make_data(root: Path, shards: int, samples: int, sample_bytes: int) -> tuple[list[str], str]:
+    """Shards of ``samples`` samples (a ``.bin`` of ``sample_bytes`` random bytes and a ``.cls``) and their index."""
+    import wds_async as wds
+
+    index = root / "index.jsonl"
+    if not index.exists():
+        rng = os.urandom
+        with wds.ShardWriter(str(root / "shard-%06d.tar"), maxcount=samples, index=str(index), verbose=0) as out:
+            for i in range(shards * samples):
+                out.write({"__key__": f"s{i:07d}", "bin": rng(sample_bytes), "cls": str(i % 10).encode()})
+    names = sorted(p.name for p in root.glob("shard-*.tar"))
+    return names, str(index)
+
+
+def _line(name: str, r: dict[str, float]) -> str:
+    rate = r["samples"] / r["wall_s"]
+    return (f"{name:8s} {r['samples']:6.0f} samples {r['wall_s']:7.2f} s {rate:8.0f} samples/s "
+            f"{1e6 * r['cpu_s'] / r['samples']:7.0f} us CPU/sample" + (
+                f"  store {r['store_mb']:.1f} MB" if "store_mb" in r else ""))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shards", type=int, default=16)
+    parser.add_argument("--samples", type=int, default=250)
+    parser.add_argument("--sample-kib", type=int, default=64)
+    parser.add_argument("--ttfb", type=float, default=0.05)
+    parser.add_argument("--bw", type=float, default=20e6)
+    parser.add_argument("--wids", type=int, default=1, help="run wids (1) or not (0)")
+    parser.add_argument("--wids-lru", type=int, default=10, help="wids' lru_size (its default: 10)")
+    parser.add_argument("--modes", default="stream,indexed,block", help="which of stream, indexed, block to run")
+    parser.add_argument("--cached", type=int, default=1, help="run the two cached epochs (1) or not (0)")
+    parser.add_argument("--dir", default=None, help="where the shards live (default: a temporary folder)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(args.dir or tmp) / "shards"
+        root.mkdir(parents=True, exist_ok=True)
+        names, local_index = make_data(root, args.shards, args.samples, args.sample_kib << 10)
+        with StoreProcess(root, Knobs(ttfb=args.ttfb, bw=args.bw)) as store:
+            urls = [f"{store.base_url}{name}" for name in names]
+            import wds_async as wds
+
+            index = wds.ShardIndex.load(local_index)
+            # the index lists local paths: the store's http URLs carry the same identity (size), so re-key it
+            remote = wds.ShardIndex([type(e)(**{**e.__dict__, "url": u}) for e, u in zip(index.shards, urls)])
+            remote_index = str(Path(tmp) / "remote-index.jsonl")
+            remote.save(remote_index)
+            print(f"store: {args.shards} shards x {args.samples} samples of {args.sample_kib} KiB, "
+                  f"ttfb {args.ttfb * 1e3:.0f} ms, {args.bw / 1e6:.0f} MB/s per connection; DataLoader(batch_size=64, "
+                  "num_workers=2)")
+            results = {}
+            for mode in args.modes.split(","):
+                results[mode] = _child(mode, urls, remote_index)
+                print(_line(mode, results[mode]), flush=True)
+            if args.cached:
+                first, second = _cached(store, urls, remote_index, str(Path(tmp) / "cache"))
+                print(_line("cached1", first))
+                print(_line("cached2", second), flush=True)
+            if args.wids:
+                extra = {"dir": str(Path(tmp) / "wids"), "nsamples": [e.nsamples for e in index.shards],
+                         "lru": args.wids_lru}
+                results["wids"] = _child("wids", urls, remote_index, extra)
+                print(_line("wids", results["wids"]), flush=True)
+
+            def rate(mode: str) -> float:
+                return results[mode]["samples"] / results[mode]["wall_s"]
+
+            ratios = [f"{mode}/stream {rate(mode) / rate('stream'):.2f}x" for mode in ("indexed", "block")
+                      if mode in results and "stream" in results]
+            if "wids" in results and "indexed" in results:
+                ratios.append(f"indexed/wids {rate('indexed') / rate('wids'):.1f}x")
+            print("   ".join(ratios))
+
+
+if __name__ == "__main__":
+    main()

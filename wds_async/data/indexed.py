@@ -1,0 +1,386 @@
+"""``IndexedWebDataset``: random access to the samples of tar shards, through their index.
+
+A map-style dataset (``torch.utils.data.Dataset`` when torch is installed, a plain sequence without it): ``ds[i]``
+is the ``i``-th sample in index order (shard by shard, in the order of ``urls``), exactly the dict streaming yields
+for it (``__key__``, ``__url__``, one ``bytes`` value per extension; ``__local_path__`` for a local shard), after
+the per-sample stages added with the fluid methods (``decode``, ``map``, ``to_tuple``, ...).
+
+How a batch is read (:meth:`IndexedWebDataset.__getitems__`, which torch's DataLoader calls with a batch of sampler
+indices): the indices are mapped to ``(shard, sample)`` through the index (:class:`~wds_async.index.ShardIndex`);
+samples of one shard that lie next to each other are coalesced into one byte range (up to ``coalesce_bytes``);
+each range becomes one :class:`~wds_async.engine.work.WorkItem` that carries the shard's identity from the index,
+so a shard rewritten since the index was built fails with :class:`~wds_async.errors.ObjectChanged`. All ranges of
+a batch are submitted at once to this process's long-lived engine (:class:`~wds_async.engine.fetcher.Requests`),
+which reads them concurrently through the same limiter, autotuner, byte budget, retries and ranged reads as
+streaming. Every sample returned is checked to be the one asked for (its key and offset).
+
+Processes: nothing runs at construction but loading and matching the index. The engine (a loop thread and its
+connections) starts on the first read in each process, with this process's share of the node budgets
+(:mod:`wds_async.node`); a forked DataLoader worker sees another pid and starts its own. Pickling drops it
+(spawned workers start their own too).
+
+Shard cache (``cache_dir``): the first read of a shard in a process whose copy is not on disk yet reads the
+whole shard (into the cache, as streaming fills it) and takes the samples asked for from it; later reads are
+ranges of the local copy, with no store bytes. Copies are trusted (``cache_validate=False`` by default): a
+copy of another version than the index's fails its reads with ``ObjectChanged``, as the store would.
+"""
+
+from __future__ import annotations
+
+import bisect
+import copy
+import operator
+import os
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..backends.pipe import pipes_allowed
+from ..cache.disk import make_cache
+from ..config import EngineConfig, RetryPolicy
+from ..engine.fetcher import Requests
+from ..engine.grouping import Sample
+from ..engine.spec import StreamSpec
+from ..engine.work import WorkItem
+from ..errors import ShardFormatError
+from ..index.format import ShardEntry, ShardIndex
+from ..io import scheme_options, validate_url
+from ..node import share_config
+from ..stats import Stats
+from ..urls import expand_urls, redact_url, scheme_of
+from . import handlers as _handlers
+from ._torch import HAVE_TORCH
+from .dataset import _path_setter
+from .stages import factories as _f
+from .stages.base import Stage
+
+if TYPE_CHECKING or HAVE_TORCH:
+    from torch.utils.data import Dataset as _MapBase
+else:  # a plain sequence: __len__ and __getitem__ make it one
+
+    class _MapBase:
+        def __class_getitem__(cls, item: Any) -> Any:
+            return cls
+
+
+if TYPE_CHECKING:
+    from typing import Self
+
+__all__ = ["IndexedWebDataset"]
+
+#: Where the autotuner starts (unless a config is given): a DataLoader batch of 64 samples in random order is 64
+#: requests, each mostly time to first byte, so a batch's worth in flight at once is the useful start.
+START_CONNECTIONS = 64
+
+#: Adjacent samples of one shard are read as one range up to this many bytes.
+COALESCE_BYTES = 8 << 20
+
+
+class IndexedWebDataset(_MapBase[Any]):
+    """Random access to the samples of ``urls`` through their shard ``index`` (see the module docstring).
+
+    Args:
+        urls: a brace pattern, ``::``-joined patterns or a sequence of URLs, each covered by the index.
+        index: the shard index (a path, a store URL, or a :class:`~wds_async.ShardIndex`), as written by
+            ``wds-async index`` or ``ShardWriter(index=...)``.
+        coalesce_bytes: adjacent samples of one shard asked for in one batch are read as one request of at most
+            this many bytes.
+        max_connections: requests in flight: ``"auto"`` (default, autotuned within this process's share of the
+            node) or a fixed int.
+        max_buffered_bytes: the engine's byte budget; with the four next options as in
+            :class:`~wds_async.WebDataset`; ``config`` a whole :class:`~wds_async.config.EngineConfig`.
+        read_timeout: seconds a stream may go without a byte before it is retried.
+        connect_timeout: seconds to open a connection.
+        retry: the :class:`~wds_async.config.RetryPolicy`.
+        config: a whole :class:`~wds_async.config.EngineConfig`; the options above override its fields.
+        backends: scheme -> backend instance overrides (for tests and custom stores).
+        backend_options: keyword options per scheme (as for :class:`~wds_async.WebDataset`).
+        cache_dir: keep whole copies of the shards there (see the module docstring); default none.
+        cache_size: the most bytes the copies take (as for :class:`~wds_async.WebDataset`).
+        cache_validate: ask the store whether a copy is still current before reading it (default False: the
+            index's identity is checked against the copy instead).
+        node_connections: node-wide connection budget divided among the local loader processes.
+        node_buffered_bytes: node-wide byte budget, divided the same way.
+    """
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        index: str | os.PathLike[str] | ShardIndex,
+        *,
+        coalesce_bytes: int = COALESCE_BYTES,
+        max_connections: int | str | None = None,
+        max_buffered_bytes: int | None = None,
+        read_timeout: float | None = None,
+        connect_timeout: float | None = None,
+        retry: RetryPolicy | None = None,
+        config: EngineConfig | None = None,
+        backends: dict[str, Any] | None = None,
+        backend_options: dict[str, Any] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_size: int | str | None = None,
+        cache_validate: bool = False,
+        node_connections: int | None = None,
+        node_buffered_bytes: int | None = None,
+    ) -> None:
+        changes = {k: v for k, v in dict(
+            max_connections=max_connections, max_buffered_bytes=max_buffered_bytes, read_timeout=read_timeout,
+            connect_timeout=connect_timeout, retry=retry).items() if v is not None}
+        # Interleaved delivery: a batch is assembled by item id, so no item waits behind a slower one.
+        base = config or EngineConfig()
+        if config is None:  # a batch is many small requests at once: start the autotuner at a batch's worth
+            base = base.replace(start_connections=max(base.start_connections, START_CONNECTIONS))
+        self.config = base.replace(**changes, deterministic=False)
+        self._explicit = frozenset(["max_connections", "max_buffered_bytes"] if config is not None else
+                                   [k for k in ("max_connections", "max_buffered_bytes") if k in changes])
+        self.node_connections, self.node_buffered_bytes = node_connections, node_buffered_bytes
+        if not isinstance(coalesce_bytes, int) or coalesce_bytes < 0:
+            raise ValueError(f"coalesce_bytes must be a non-negative int, not {coalesce_bytes!r}")
+        self.coalesce_bytes = coalesce_bytes
+        self.urls = expand_urls(urls)
+        if not self.urls:
+            raise ValueError("IndexedWebDataset needs at least one shard URL")
+        pipes = pipes_allowed(None)
+        for url in self.urls:
+            validate_url(url, allow_pipe=pipes)
+            if scheme_of(url) == "pipe":
+                raise ValueError(f"{redact_url(url)}: a pipe: URL cannot be read at byte ranges; "
+                                 "use IndexedWebDataset with store URLs or local files")
+        self._backends = backends
+        self._backend_options = scheme_options(backend_options, self.urls, backends)
+        self.cache = make_cache(cache_dir, cache_size, validate=cache_validate) if cache_dir is not None else None
+        if isinstance(index, ShardIndex):
+            self.index = index
+        elif isinstance(index, (str, os.PathLike)):
+            self.index = ShardIndex.load(index, backend_options=self._backend_options)
+        else:
+            raise TypeError(f"index must be a path, a URL or a ShardIndex, not {type(index).__name__}")
+        self.entries: list[ShardEntry] = self.index.entries_for(self.urls)
+        self._starts: list[int] = []
+        total = 0
+        for entry in self.entries:
+            self._starts.append(total)
+            total += entry.nsamples
+        self._len = total
+        self._stages: list[Stage] = []
+        self._local = any(scheme_of(u) == "file" for u in self.urls)
+        self._proc: _Process | None = None
+
+    # -- the sequence ----------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._len
+
+    def locate(self, i: int) -> tuple[int, int]:
+        """``(shard, sample)`` of index ``i`` (negative counts from the end); IndexError out of range."""
+        n = self._position(i)
+        shard = bisect.bisect_right(self._starts, n) - 1
+        return shard, n - self._starts[shard]
+
+    def _position(self, i: Any) -> int:
+        if isinstance(i, bool) or not hasattr(i, "__index__"):
+            raise TypeError(f"{type(self).__name__} indices must be integers, not {type(i).__name__}")
+        n = operator.index(i)
+        if n < 0:
+            n += self._len
+        if not 0 <= n < self._len:
+            raise IndexError(f"{type(self).__name__} index {operator.index(i)} out of range "
+                             f"(it holds {self._len} samples)")
+        return n
+
+    def __getitem__(self, i: int) -> Any:  # type: ignore[override]
+        if isinstance(i, slice):
+            return self.__getitems__(list(range(self._len))[i])
+        return self.__getitems__([i])[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """The samples at ``indices`` (in that order), read concurrently: what DataLoader calls for a batch."""
+        located = [self.locate(i) for i in indices]
+        samples = self._fetch(located)
+        out = []
+        given: set[tuple[int, int]] = set()
+        for at in located:
+            got = samples[at]
+            if at in given:  # the same index twice in one batch: a sample dict of its own each time
+                got = copy.copy(got)
+            given.add(at)
+            out.append(self._apply(got))
+        return out
+
+    def __iter__(self) -> Iterator[Any]:
+        """Every sample in index order, a batch of ranges at a time."""
+        step = 256
+        for lo in range(0, self._len, step):
+            yield from self.__getitems__(range(lo, min(lo + step, self._len)))  # type: ignore[arg-type]
+
+    # -- reading ---------------------------------------------------------------------------------
+    def _process(self) -> _Process:
+        proc = self._proc
+        if proc is None or proc.pid != os.getpid():
+            proc = self._proc = _Process(self._spec())
+        return proc
+
+    def _spec(self) -> StreamSpec:
+        config, _share = share_config(self.config, node_connections=self.node_connections,
+                                      node_buffered_bytes=self.node_buffered_bytes, explicit=self._explicit)
+        return StreamSpec(config, backends=self._backends, backend_options=self._backend_options, cache=self.cache)
+
+    def _fetch(self, located: Iterable[tuple[int, int]]) -> dict[tuple[int, int], Sample]:
+        proc = self._process()
+        by_shard: dict[int, set[int]] = {}
+        for shard, sample in located:
+            by_shard.setdefault(shard, set()).add(sample)
+        items: list[WorkItem] = []
+        wanted: dict[int, tuple[int, dict[int, int]]] = {}  # item id -> (shard, {offset: sample})
+        with proc.lock:
+            for shard, samples in by_shard.items():
+                entry = self.entries[shard]
+                if self.cache is not None and not proc.has_copy(self.cache, shard, self.urls[shard]):
+                    runs = [sorted(samples)]
+                    whole = True
+                else:
+                    runs = self._runs(entry, sorted(samples))
+                    whole = False
+                for run in runs:
+                    item_id = proc.next_id()
+                    start, end = (0, None) if whole else (entry.offsets[run[0]], entry.ends[run[-1]])
+                    items.append(WorkItem(id=item_id, shard=shard, url=self.urls[shard], start=start, end=end,
+                                          compressed=entry.compressed, expect=entry.identity()))
+                    wanted[item_id] = (shard, {entry.offsets[j]: j for j in run})
+        found = proc.requests.fetch(items)
+        if self.cache is not None:
+            proc.copied.update(item.shard for item in items if item.end is None)
+        set_path = _path_setter() if self._local else None
+        out: dict[tuple[int, int], Sample] = {}
+        for item_id, (shard, offsets) in wanted.items():
+            entry = self.entries[shard]
+            for got in found[item_id]:
+                j = offsets.get(got.offset)  # type: ignore[arg-type]
+                if j is None:
+                    continue  # another sample of a shard read whole
+                if got.get("__key__") != entry.keys[j]:
+                    raise ShardFormatError(
+                        f"{redact_url(self.urls[shard])}: the sample at byte {got.offset} has key "
+                        f"{got.get('__key__')!r} but the index says {entry.keys[j]!r}: the index does not "
+                        "describe this shard (rebuild it with wds-async index)", url=self.urls[shard],
+                        offset=got.offset)
+                if set_path is not None:
+                    set_path(got)
+                out[(shard, j)] = got
+            for offset, j in offsets.items():
+                if (shard, j) not in out:
+                    raise ShardFormatError(
+                        f"{redact_url(self.urls[shard])}: no sample starts at byte {offset} (index sample "
+                        f"{entry.keys[j]!r}): the index does not describe this shard (rebuild it with "
+                        "wds-async index)", url=self.urls[shard], offset=offset)
+        return out
+
+    def _runs(self, entry: ShardEntry, samples: list[int]) -> list[list[int]]:
+        """``samples`` (sorted) cut into runs of neighbours, each at most ``coalesce_bytes`` long."""
+        runs: list[list[int]] = []
+        offsets, ends, limit = entry.offsets, entry.ends, self.coalesce_bytes
+        for j in samples:
+            if runs:
+                run = runs[-1]
+                last = run[-1]
+                if j == last + 1 and ends[last] == offsets[j] and ends[j] - offsets[run[0]] <= limit:
+                    run.append(j)
+                    continue
+            runs.append([j])
+        return runs
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of this process's engine (requests, bytes, retries, ...; see :class:`~wds_async.stats.Stats`)."""
+        proc = self._proc
+        return proc.requests.stats.snapshot() if proc is not None and proc.pid == os.getpid() else {}
+
+    def close(self) -> None:
+        """Stop this process's engine (the next read starts a new one)."""
+        proc = self._proc
+        if proc is not None and proc.pid == os.getpid():
+            proc.requests.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_proc"] = None  # threads and sockets stay in their process
+        return state
+
+    def __repr__(self) -> str:
+        return (f"IndexedWebDataset({redact_url(self.urls[0])!r}{' ...' if len(self.urls) > 1 else ''}, "
+                f"{len(self.urls)} shards, {self._len} samples, stages={len(self._stages)})")
+
+    # -- per-sample stages -----------------------------------------------------------------------
+    def _apply(self, sample: Any) -> Any:
+        for stage in self._stages:
+            out = list(stage([sample]))
+            if len(out) != 1:
+                raise ValueError(f"stage {stage!r} turned one sample into {len(out)}: a map-style dataset needs "
+                                 "exactly one item per index (filter with a sampler, batch with the DataLoader)")
+            sample = out[0]
+        return sample
+
+    def compose(self, *stages: Callable[[Iterator[Any]], Iterator[Any]]) -> Self:
+        """A copy with ``stages`` (``iterator -> iterator``, one item out per item in) applied to every sample."""
+        new = copy.copy(self)
+        new._stages = [*self._stages, *(s if isinstance(s, Stage) else Stage(_call, s) for s in stages)]
+        return new
+
+    def map(self, f: Callable[[Any], Any], handler: Any = None) -> Self:
+        return self.compose(_f.map(f, handler=_handlers.resolve_handler(handler)))
+
+    def decode(self, *args: Any, **kw: Any) -> Self:
+        """As :meth:`wds_async.WebDataset.decode` (a decoding error raises; there is no sample to skip to)."""
+        return self.compose(_f.decode(*args, **kw))
+
+    def to_tuple(self, *keys: str, missing_is_error: bool = True) -> Self:
+        return self.compose(_f.to_tuple(*keys, missing_is_error=missing_is_error))
+
+    def map_dict(self, **kw: Callable[[Any], Any]) -> Self:
+        return self.compose(_f.map_dict(**kw))
+
+    def map_tuple(self, *fs: Callable[[Any], Any] | None) -> Self:
+        return self.compose(_f.map_tuple(*fs))
+
+    def rename(self, keep: bool = True, **kw: str) -> Self:
+        return self.compose(_f.rename(keep=keep, **kw))
+
+    def rename_keys(self, *args: tuple[str, str], **kw: Any) -> Self:
+        return self.compose(_f.rename_keys(*args, **kw))
+
+    def extract_keys(self, *patterns: str | list[str], **kw: Any) -> Self:
+        return self.compose(_f.extract_keys(*patterns, **kw))
+
+    def xdecode(self, *args: tuple[str, Callable[[Any], Any]], **kw: Any) -> Self:
+        return self.compose(_f.xdecode(*args, **kw))
+
+
+def _call(data: Iterable[Any], fn: Callable[[Iterable[Any]], Iterator[Any]]) -> Iterator[Any]:
+    return fn(data)
+
+
+class _Process:
+    """What one process reads with: its engine, its item ids, the shards it knows to have a local copy."""
+
+    def __init__(self, spec: StreamSpec) -> None:
+        self.pid = os.getpid()
+        self.requests = Requests(spec, Stats())
+        self.lock = threading.Lock()
+        self._ids = 0
+        self.copied: set[int] = set()
+
+    def next_id(self) -> int:
+        self._ids += 1
+        return self._ids
+
+    def has_copy(self, cache: Any, shard: int, url: str) -> bool:
+        if shard in self.copied or not cache.cacheable(url):
+            return True
+        if os.path.exists(cache.path(url, ".json")) and os.path.exists(cache.path(url)):
+            self.copied.add(shard)
+            return True
+        return False
