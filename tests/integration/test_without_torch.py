@@ -329,3 +329,25 @@ def test_the_torch_parts_name_the_torch_extra(venv: Path, urls: list[str], tmp_p
         assert EXTRA in failure[1], (name, failure)
     assert failures["WebLoader"][0] == "MissingDependency" and "WebLoader" in failures["WebLoader"][1]
     assert "'torchrgb'" in failures["decode torchrgb"][1]
+
+
+def test_code_written_for_webdataset_imports_without_torch(venv: Path, urls: list[str], tmp_path: Path) -> None:
+    out = _python(venv, """
+        import json, sys
+        import wds_async
+
+        wds_async.install_as_webdataset()
+        import webdataset as wds
+        from webdataset.filters import _shuffle, getfirst  # noqa: F401 (names third-party code takes)
+        from webdataset.pytorch import DataLoader
+
+        keys = [s["__key__"] for s in wds.WebDataset(sys.argv[1:], shardshuffle=False)]
+        try:
+            DataLoader([])
+        except ImportError as exc:
+            refused = str(exc)
+        print(json.dumps({"keys": len(keys), "refused": refused, "torch": "torch" in sys.modules}))
+    """, *urls, cwd=tmp_path)
+    result = json.loads(out)
+    assert result["keys"] == N_SHARDS * PER_SHARD and not result["torch"], result
+    assert "wds-async[torch]" in result["refused"], result
