@@ -190,7 +190,7 @@ class Planner:
             log.warning("wds-async: resuming epoch %d from the loaded state; the dataset's epoch %d (set_epoch) "
                         "applies from the next iteration on", source["epoch"], epoch)
         self._passed(epoch, source["epoch"])
-        seed = source.get("seed", self.seed)
+        seed = self._seed_of(source)
         resumed = source["epoch"]
         progress = Progress.from_dict(source["progress"])
         if self.resampled:
@@ -201,6 +201,17 @@ class Planner:
         base = source["base"]
         items = self.items(base if base is not None else self.base(resumed, seed), procs, resumed, seed)
         return Epoch(resumed, procs, items, progress, base, seed=seed)
+
+    def _seed_of(self, source: dict[str, Any]) -> Any:
+        """The seed the state's process shuffled with. A state without one comes from a wds-async that shuffled
+        shards another way (before the split); only its unshuffled or index plans can be rebuilt."""
+        if "seed" in source:
+            return source["seed"]
+        if self.mode == "shards" and self.shardshuffle and source["epoch"] is not None:
+            raise ValueError("this state was saved by an older wds-async, whose shard shuffle (before the split by "
+                             "rank and worker) is not webdataset's; its shard order cannot be rebuilt: finish that "
+                             "epoch with the version that saved it, or start the epoch afresh")
+        return self.seed
 
     def _check(self, source: dict[str, Any], procs: Processes) -> None:
         if source["dataset"] != self.fingerprint or source["mode"] != self.mode:
@@ -229,10 +240,10 @@ class Planner:
             source = state["source"]
             self._check(source, Processes(*source["processes"]))
             old = Processes(*source["processes"])
-            seed = source.get("seed", self.seed)  # each old process's own: its shards were shuffled with it
+            seed = self._seed_of(source)  # each old process's own: its shards were shuffled with it
             base = source["base"] if source["base"] is not None else self.base(epoch, seed)
             plans.append((self.items(base, old, epoch, seed), Progress.from_dict(source["progress"]), held(state)))
-        order = self._order(epoch, states[0]["source"].get("seed", self.seed))
+        order = self._order(epoch, self._seed_of(states[0]["source"]))
         base = remaining_runs(plans, self.entries, order)
         return Epoch(epoch, procs, self.items(base, procs, epoch), Progress(), base, seed=self.seed)
 

@@ -234,9 +234,11 @@ class FluidPipeline(IterableDataset):  # type: ignore[type-arg]
         return self._with(_repetitions=nepochs if nepochs > 0 else sys.maxsize, _nsamples=nbatches)
 
     # -- stages ----------------------------------------------------------------------------------
-    def shuffle(self, size: int, initial: int = 100, seed: int | None = None, rng: random.Random | None = None
-                ) -> Any:
-        """Shuffle within a buffer of ``size`` items (``size < 1``: unchanged)."""
+    def shuffle(self, size: int, initial: int = 100, seed: Any = None, rng: random.Random | None = None,
+                handler: Any = None) -> Any:
+        """Shuffle within a buffer of ``size`` items (``size < 1``: unchanged), with webdataset's draws: ``seed``
+        restarts ``random.Random(seed)`` every pass, ``rng`` draws on from that generator, neither seeds from the
+        OS. ``handler`` is accepted and unused, as in webdataset."""
         if size < 1:
             return self
         return self.compose(Shuffle(size, initial, seed=seed, rng=rng))

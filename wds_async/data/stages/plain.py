@@ -19,8 +19,10 @@ __all__ = ["batched", "default_collation_fn", "map_dict", "map_stage", "map_tupl
 
 
 def shuffle(data: Iterable[Any], bufsize: int = 1000, initial: int = 100, rng: random.Random | None = None,
-            seed: int | None = None) -> Iterator[Any]:
-    """Shuffle within a buffer of ``bufsize`` items, starting to yield once ``initial`` are held."""
+            seed: Any = None, handler: Any = None) -> Iterator[Any]:
+    """Shuffle within a buffer of ``bufsize`` items, starting to yield once ``initial`` are held, drawing as
+    webdataset's ``shuffle`` does (see :class:`~wds_async.data.stages.stateful.Shuffle`). ``handler`` is accepted
+    and unused, as in webdataset: nothing here can fail."""
     return Shuffle(bufsize, initial, seed=seed, rng=rng)(data)
 
 
