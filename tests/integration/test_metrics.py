@@ -3,6 +3,7 @@ summed over DataLoader workers, and from the node service (``wds-async serve --m
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -13,6 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -142,3 +144,18 @@ def test_the_service_endpoint_answers_during_an_epoch(store: StoreProcess, meter
     first, second, _ = _two_scrapes(ds, url)
     assert ds.stats().get("service")  # the samples came through the service
     _increased(first, second, "service")
+
+
+def test_bench_reports_the_time_to_first_sample(store: StoreProcess, tmp_path: Path) -> None:
+    rows_file = tmp_path / "rows.json"
+    done = subprocess.run([sys.executable, "-m", "wds_async.cli.main", "bench", "-c", "2", "--no-auto",
+                           "--json", str(rows_file), store.base_url + "shard-{000000..000001}.tar"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    header = next(line for line in done.stdout.splitlines() if line.startswith("phase"))
+    assert "first ms" in header
+    assert "first sample " in done.stdout and "the raw read's first byte" in done.stdout
+    rows = {row["kind"]: row for row in json.loads(rows_file.read_text())}
+    assert 0 < rows["raw"]["first_s"] < rows["raw"]["wall_s"]
+    loader = rows["loader"]
+    assert loader["first_sample_s"] > 0 and 0 < loader["first_s"] < loader["wall_s"]

@@ -127,3 +127,19 @@ def test_without_prometheus_client_the_error_names_the_extra(monkeypatch: pytest
     monkeypatch.setitem(sys.modules, "prometheus_client", None)  # what `import` finds when it is not installed
     with pytest.raises(MissingDependency, match=r"wds-async\[metrics\]"):
         wds.serve_metrics(0)
+
+
+def test_the_bench_table_has_a_first_sample_column() -> None:
+    from wds_async.cli.bench.run import format_table
+
+    common = {"mb_s": 100.0, "vs_raw": 1.0, "cpu_s_per_gb": 1.0, "peak_above_baseline": 0, "samples_s": None}
+    raw = {**common, "name": "raw download (2 conns)", "samples": None, "first_s": 0.004}
+    loader = {**common, "name": "wds-async (2 conns)", "samples": 10, "unique": 10, "samples_s": 5.0,
+              "first_s": 0.031, "first_sample_s": 0.025, "peak_buffered": 0, "limit": 1 << 20, "wait_s": 0.1}
+    peer = {**common, "name": "webdataset 1 process", "samples": 10, "unique": 10}  # a row without the figure
+    lines = format_table([raw, loader, peer]).splitlines()
+    assert lines[0].split()[-3:] == ["ms", "exactly", "once"] and "first ms" in lines[0]
+    assert lines[2].split()[-2:] == ["4", "-"] and lines[3].split()[-2:] == ["31", "yes"]
+    assert lines[4].split()[-2:] == ["-", "yes"]
+    assert "first sample 31 ms after the loop began (the engine's first_sample_s: 25 ms), the raw read's first " \
+           "byte 4 ms: +27 ms" in " ".join(lines)
