@@ -83,6 +83,9 @@ class IndexedWebDataset(_MapBase[Any]):
         urls: a brace pattern, ``::``-joined patterns or a sequence of URLs, each covered by the index.
         index: the shard index (a path, a store URL, or a :class:`~wds_async.ShardIndex`), as written by
             ``wds-async index`` or ``ShardWriter(index=...)``.
+        nsamples: instead of an index, the number of samples of each shard: a shard is then read whole on its
+            first use in each process (into ``cache_dir`` when given) and its sample boundaries learned from that
+            read; later reads are ranges (of the local copy, with a cache). What wids does, without the index.
         coalesce_bytes: adjacent samples of one shard asked for in one batch are read as one request of at most
             this many bytes.
         max_connections: requests in flight: ``"auto"`` (default, autotuned within this process's share of the
@@ -106,8 +109,9 @@ class IndexedWebDataset(_MapBase[Any]):
     def __init__(
         self,
         urls: str | Sequence[str],
-        index: str | os.PathLike[str] | ShardIndex,
+        index: str | os.PathLike[str] | ShardIndex | None = None,
         *,
+        nsamples: Sequence[int] | None = None,
         coalesce_bytes: int = COALESCE_BYTES,
         max_connections: int | str | None = None,
         max_buffered_bytes: int | None = None,
@@ -149,18 +153,31 @@ class IndexedWebDataset(_MapBase[Any]):
         self._backends = backends
         self._backend_options = scheme_options(backend_options, self.urls, backends)
         self.cache = make_cache(cache_dir, cache_size, validate=cache_validate) if cache_dir is not None else None
-        if isinstance(index, ShardIndex):
+        self.index: ShardIndex | None = None
+        if index is None:
+            if nsamples is None:
+                raise TypeError("IndexedWebDataset needs an index (or, without one, nsamples=[count per shard])")
+            counts = list(nsamples)
+            if len(counts) != len(self.urls) or not all(isinstance(n, int) and n >= 0 for n in counts):
+                raise ValueError(f"nsamples must be one count (an int >= 0) per shard: {len(self.urls)} shards, "
+                                 f"{len(counts)} counts")
+        elif nsamples is not None:
+            raise TypeError("give an index or nsamples, not both")
+        elif isinstance(index, ShardIndex):
             self.index = index
         elif isinstance(index, (str, os.PathLike)):
             self.index = ShardIndex.load(index, backend_options=self._backend_options)
         else:
             raise TypeError(f"index must be a path, a URL or a ShardIndex, not {type(index).__name__}")
-        self.entries: list[ShardEntry] = self.index.entries_for(self.urls)
+        #: Per shard its index entry; None for a shard whose layout this process has not learned yet.
+        self.entries: list[ShardEntry | None] = list(self.index.entries_for(self.urls)) if self.index else [
+            None] * len(self.urls)
+        self.counts: list[int] = [e.nsamples for e in self.entries if e is not None] if self.index else counts
         self._starts: list[int] = []
         total = 0
-        for entry in self.entries:
+        for count in self.counts:
             self._starts.append(total)
-            total += entry.nsamples
+            total += count
         self._len = total
         self._stages: list[Stage] = []
         self._local = any(scheme_of(u) == "file" for u in self.urls)
@@ -230,21 +247,24 @@ class IndexedWebDataset(_MapBase[Any]):
         for shard, sample in located:
             by_shard.setdefault(shard, set()).add(sample)
         items: list[WorkItem] = []
-        wanted: dict[int, tuple[int, dict[int, int]]] = {}  # item id -> (shard, {offset: sample})
+        # item id -> (shard, {offset: sample}); None for a shard read whole to learn its layout
+        wanted: dict[int, tuple[int, dict[int, int] | None]] = {}
         with proc.lock:
             for shard, samples in by_shard.items():
                 entry = self.entries[shard]
-                if self.cache is not None and not proc.has_copy(self.cache, shard, self.urls[shard]):
-                    runs = [sorted(samples)]
-                    whole = True
-                else:
-                    runs = self._runs(entry, sorted(samples))
-                    whole = False
-                for run in runs:
+                if entry is None or (self.cache is not None and not proc.has_copy(self.cache, shard,
+                                                                                   self.urls[shard])):
                     item_id = proc.next_id()
-                    start, end = (0, None) if whole else (entry.offsets[run[0]], entry.ends[run[-1]])
-                    items.append(WorkItem(id=item_id, shard=shard, url=self.urls[shard], start=start, end=end,
-                                          compressed=entry.compressed, expect=entry.identity()))
+                    items.append(WorkItem(id=item_id, shard=shard, url=self.urls[shard], compressed=None if entry
+                                          is None else entry.compressed,
+                                          expect=None if entry is None else entry.identity()))
+                    wanted[item_id] = (shard, None if entry is None else {entry.offsets[j]: j for j in samples})
+                    continue
+                for run in self._runs(entry, sorted(samples)):
+                    item_id = proc.next_id()
+                    items.append(WorkItem(id=item_id, shard=shard, url=self.urls[shard], start=entry.offsets[run[0]],
+                                          end=entry.ends[run[-1]], compressed=entry.compressed,
+                                          expect=entry.identity()))
                     wanted[item_id] = (shard, {entry.offsets[j]: j for j in run})
         found = proc.requests.fetch(items)
         if self.cache is not None:
@@ -252,8 +272,13 @@ class IndexedWebDataset(_MapBase[Any]):
         set_path = _path_setter() if self._local else None
         out: dict[tuple[int, int], Sample] = {}
         for item_id, (shard, offsets) in wanted.items():
+            got_all = found[item_id]
+            if offsets is None:  # a shard read whole to learn where its samples lie
+                entry = self._learn(shard, got_all)
+                offsets = {entry.offsets[j]: j for j in by_shard[shard]}
             entry = self.entries[shard]
-            for got in found[item_id]:
+            assert entry is not None
+            for got in got_all:
                 j = offsets.get(got.offset)  # type: ignore[arg-type]
                 if j is None:
                     continue  # another sample of a shard read whole
@@ -273,6 +298,20 @@ class IndexedWebDataset(_MapBase[Any]):
                         f"{entry.keys[j]!r}): the index does not describe this shard (rebuild it with "
                         "wds-async index)", url=self.urls[shard], offset=offset)
         return out
+
+    def _learn(self, shard: int, samples: list[Sample]) -> ShardEntry:
+        """The layout of a shard read whole (no index): its samples' keys, offsets and ends, checked against the
+        count the dataset was given."""
+        url = self.urls[shard]
+        if len(samples) != self.counts[shard]:
+            raise ShardFormatError(f"{redact_url(url)} holds {len(samples)} samples but the shard list says "
+                                   f"{self.counts[shard]}: fix the list (or build an index with wds-async index)",
+                                   url=url)
+        entry = ShardEntry(url=redact_url(url), size=None, keys=tuple(s["__key__"] for s in samples),
+                           offsets=tuple(s.offset for s in samples),  # type: ignore[misc]
+                           ends=tuple(s.end for s in samples))  # type: ignore[misc]
+        self.entries[shard] = entry  # learned in this process (a DataLoader worker keeps its own)
+        return entry
 
     def _runs(self, entry: ShardEntry, samples: list[int]) -> list[list[int]]:
         """``samples`` (sorted) cut into runs of neighbours, each at most ``coalesce_bytes`` long."""
@@ -311,7 +350,7 @@ class IndexedWebDataset(_MapBase[Any]):
         return state
 
     def __repr__(self) -> str:
-        return (f"IndexedWebDataset({redact_url(self.urls[0])!r}{' ...' if len(self.urls) > 1 else ''}, "
+        return (f"{type(self).__name__}({redact_url(self.urls[0])!r}{' ...' if len(self.urls) > 1 else ''}, "
                 f"{len(self.urls)} shards, {self._len} samples, stages={len(self._stages)})")
 
     # -- per-sample stages -----------------------------------------------------------------------
