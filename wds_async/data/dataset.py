@@ -238,16 +238,10 @@ class WebDataset(FluidPipeline):
             config = config.replace(start_connections=self._tuned)
         stats.node_share = share.as_dict()
         path = self._service_path()
-        if path is not None:
-            from ..service.client import service_samples
-
-            settings = service_settings(config, share.processes, self._explicit)
-            cache = None if self.cache is None else {"dir": self.cache.directory, "max_bytes": self.cache.max_bytes,
-                                                     "validate": self.cache.validate}
-            return service_samples(items, socket_path=path, handler=self.handler, stats=stats, settings=settings,
-                                   backend_options=self._backend_options or None, cache=cache, **callbacks)
+        settings = service_settings(config, share.processes, self._explicit) if path is not None else None
         spec = StreamSpec(config, self.handler, self.select_files, self.rename_files, backends=self._backends,
-                          backend_options=self._backend_options, cache=self.cache, log_interval=self.log_interval)
+                          backend_options=self._backend_options, cache=self.cache, log_interval=self.log_interval,
+                          service=path, service_settings=settings)
         return stream_samples(items, spec, stats=stats, **callbacks)
 
     def _service_path(self) -> str | None:

@@ -58,16 +58,27 @@ def stream_samples(urls: Iterable[Any], spec: StreamSpec, *, stats: Stats | None
                    on_sample: Callable[[Any], None] | None = None,
                    on_item_done: Callable[[int], None] | None = None) -> Generator[Any, None, None]:
     """Samples of the shards in ``urls`` (a list or a lazy stream of URLs, ``{"url": ...}`` or
-    :class:`~wds_async.engine.work.WorkItem`) read in this process as ``spec`` says, from a bridge that lives
-    exactly as long as this generator.
+    :class:`~wds_async.engine.work.WorkItem`) read as ``spec`` says: in this process, by a bridge that lives exactly
+    as long as this generator, or, with ``spec.service``, by the node service. Both hand over the same lists
+    (samples, end-of-item markers, errors to raise), consumed here by one loop, so planning, callbacks and
+    checkpoints are the same either way.
 
     ``on_sample(sample)`` runs just before a sample is yielded, ``on_item_done(id)`` once all samples of a
     work item were yielded: what a checkpoint needs to know."""
-    bridge = Bridge((_url(item) for item in urls) if not isinstance(urls, list) else [_url(u) for u in urls],
-                    spec, stats or Stats())
-    bridge.start()
+    stats = stats if stats is not None else Stats()
+    batches: Generator[list[Any], None, None] | Iterator[list[Any]]
+    if spec.service is not None:
+        from ..service.client import service_batches
+
+        batches = service_batches(urls, spec, stats)
+        close: Callable[[], None] = batches.close
+    else:
+        bridge = Bridge((_url(item) for item in urls) if not isinstance(urls, list) else [_url(u) for u in urls],
+                        spec, stats)
+        bridge.start()
+        batches, close = bridge.batches(), bridge.close
     try:
-        for batch in bridge.batches():
+        for batch in batches:
             for item in batch:
                 kind = type(item)  # once per sample: a Sample is told apart by one identity test
                 if kind is not Sample:
@@ -81,7 +92,7 @@ def stream_samples(urls: Iterable[Any], spec: StreamSpec, *, stats: Stats | None
                     on_sample(item)
                 yield item
     finally:
-        bridge.close()
+        close()
 
 
 def tarfile_samples(src: Iterable[Any], handler: Callable[[BaseException], bool] | str | None = reraise_exception,

@@ -12,7 +12,10 @@ construction); the rest says where bytes come from and what happens to errors an
 * ``backends``: backend instances or factories by scheme, in place of the registry's; ``backend_options``: options
   for the registry's backends, per scheme (checked where the dataset is built);
 * ``cache``: the shard cache the engine's items are read through (None: straight from the stores);
-* ``log_interval``: seconds between progress lines on the ``wds_async`` logger (None: none).
+* ``log_interval``: seconds between progress lines on the ``wds_async`` logger (None: none);
+* ``service``: the socket of the node service that reads for this process (None: read in-process, in this
+  process's own engine), with ``service_settings``, the engine settings the service applies to this client's
+  session (its share of the node, its timeouts and sizes: see :mod:`wds_async.service.options`).
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ class StreamSpec:
     backend_options: Mapping[str, Any] | None = None
     cache: ShardCache | None = None
     log_interval: float | None = None
+    service: str | None = None
+    service_settings: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.config, EngineConfig):

@@ -1,9 +1,9 @@
 """The client side of the node service: the same samples and callbacks as the in-process engine.
 
-:func:`service_samples` is what :func:`~wds_async.data.pipeline.stream_samples` is in-process: a generator of
-:class:`~wds_async.engine.grouping.Sample` objects (``url``, ``offset``, ``end`` and ``item`` set as the engine
-sets them) that calls ``on_sample(sample)`` just before yielding one and ``on_item_done(id)`` once an item's
-samples were all yielded, so a dataset's planning and checkpoints do not change with the service. The work
+:func:`service_batches` is what the bridge's ``batches()`` is in-process: lists of samples (``url``, ``offset``,
+``end`` and ``item`` set as the engine sets them), end-of-item markers and errors, which
+:func:`~wds_async.data.pipeline.stream_samples` consumes with the same loop either way, so a dataset's planning,
+callbacks and checkpoints do not change with the service. The work
 items are planned here, by the client, and sent in ``open`` frames (a lazy stream in chunks of
 ``LAZY_CHUNK``); a batch's fields are copied out of the ring into ``bytes``, the ring space acknowledged,
 then its samples yielded. Errors the service hands back in band meet this process's ``handler``.
@@ -36,14 +36,15 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any
 
 from ..engine.grouping import Sample
-from ..engine.work import WorkItem
+from ..engine.spec import StreamSpec
+from ..engine.work import ItemDone, WorkItem
 from ..errors import ServiceError
 from ..stats import Stats
 from ..urls import redact_url, scheme_of
 from .protocol import OPEN_FRAME_BYTES, VERSION, FrameDecoder, encode, error_from_json, item_to_json
 from .ring import RingReader
 
-__all__ = ["connect", "service_answers", "service_samples", "service_status"]
+__all__ = ["connect", "service_answers", "service_batches", "service_status"]
 
 #: Items per ``open`` frame for a list, and for a lazy (possibly endless) stream.
 LIST_CHUNK = 65536
@@ -252,43 +253,37 @@ def _chunks(items: Iterable[Any]) -> Iterator[list[WorkItem]]:
         yield chunk
 
 
-def service_samples(
-    items: Iterable[Any],
-    *,
-    socket_path: str,
-    handler: Callable[[BaseException], bool],
-    stats: Stats | None = None,
-    settings: dict[str, Any] | None = None,
-    backend_options: dict[str, Any] | None = None,
-    cache: dict[str, Any] | None = None,
-    on_sample: Callable[[Any], None] | None = None,
-    on_item_done: Callable[[int], None] | None = None,
-    stall_timeout: float = 30.0,
-) -> Generator[Sample, None, None]:
-    """Samples of ``items`` (work items, URLs or ``{"url": ...}``) read by the service at ``socket_path``.
-
-    ``settings``: engine settings for these items (``max_sample_bytes``, ``deterministic``, ``processes``,
-    ``max_buffered_bytes``, ... see ``Service.session_config``); ``cache``: ``{"dir", "max_bytes",
-    "validate"}`` or None for the service's own. Callbacks as in :func:`~wds_async.data.pipeline.stream_samples`."""
-    stats = stats if stats is not None else Stats()
+def service_batches(items: Iterable[Any], spec: StreamSpec, stats: Stats,
+                    stall_timeout: float = 30.0) -> Generator[list[Any], None, None]:
+    """Lists of what the service at ``spec.service`` read for ``items`` (work items, URLs or ``{"url": ...}``):
+    :class:`~wds_async.engine.grouping.Sample` objects (``url``, ``offset``, ``end`` and ``item`` set as the engine
+    sets them), :class:`~wds_async.engine.work.ItemDone` markers and exceptions to raise, in order: what the bridge
+    hands over in-process, consumed by the same loop (:func:`wds_async.data.pipeline.stream_samples`). Errors the
+    service sends back in band meet ``spec.handler`` here; a handler's "stop" ends the lists."""
+    path = spec.service
+    if path is None:
+        raise ValueError("service_batches needs spec.service, the service's socket")
     if isinstance(items, list):
         stats.shards_total = len(items)
-    conn = Connection(socket_path, stall_timeout)
+    cache = None if spec.cache is None else {"dir": spec.cache.directory, "max_bytes": spec.cache.max_bytes,
+                                             "validate": spec.cache.validate}
+    fields = {"settings": dict(spec.service_settings or {}), "backend_options": spec.backend_options or None,
+              "cache": cache}
+    conn = Connection(path, stall_timeout)
     ring: RingReader | None = None
     try:
-        conn.send({"type": "hello", "version": VERSION, "pid": os.getpid(), "socket": socket_path})
+        conn.send({"type": "hello", "version": VERSION, "pid": os.getpid(), "socket": path})
         ready, fds = conn.recv()
         if ready.get("type") == "error":
             raise error_from_json(ready.get("error") or {})
         if ready.get("type") != "ready" or len(fds) != 1:
-            raise ServiceError(f"the service at {socket_path} answered {ready.get('type')!r} to hello", url=socket_path)
+            raise ServiceError(f"the service at {path} answered {ready.get('type')!r} to hello", url=path)
         ring = RingReader(fds[0], int(ready["ring_bytes"]))
-        fields = {"settings": settings or {}, "backend_options": backend_options, "cache": cache}
         for chunk in _chunks(items):
             for part, frame in _open_frames(chunk, fields):
                 conn.send_frame(frame)
                 shown = {item.id: redact_url(item.url) for item in part}  # as the engine names them in-process
-                stop = yield from _receive(conn, ring, handler, stats, on_sample, on_item_done, shown)
+                stop = yield from _receive(conn, ring, spec.handler, stats, shown)
                 if stop:
                     return
     finally:
@@ -304,8 +299,7 @@ def service_samples(
 
 
 def _receive(conn: Connection, ring: RingReader, handler: Callable[[BaseException], bool], stats: Stats,
-             on_sample: Callable[[Any], None] | None,
-             on_item_done: Callable[[int], None] | None, shown: dict[int, str]) -> Generator[Sample, None, bool]:
+             shown: dict[int, str]) -> Generator[list[Any], None, bool]:
     """Deliver one ``open``'s batches until its ``end``; True when the handler asked to stop."""
     while True:
         started = time.perf_counter()
@@ -323,25 +317,28 @@ def _receive(conn: Connection, ring: RingReader, handler: Callable[[BaseExceptio
         entries = _copy_out(message["entries"], ring, fds, stats, shown)
         if message.get("span"):
             conn.send({"type": "ack", "bytes": message["span"]})
+        batch: list[Any] = []
         for entry in entries:
             if type(entry) is Sample:
-                if on_sample is not None:
-                    on_sample(entry)
-                yield entry
+                batch.append(entry)
             elif isinstance(entry, int):
                 stats.shards_done += 1
-                if on_item_done is not None:
-                    on_item_done(entry)
+                batch.append(ItemDone(entry))
             else:
                 error, level = entry
                 if level == "fatal" or not handler(error):
                     if level == "fatal":
-                        raise error
+                        batch.append(error)
+                        yield batch
+                        return True
+                    yield batch
                     return True
                 if level == "sample":
                     stats.samples_skipped += 1
                 else:
                     stats.shards_skipped += 1
+        if batch:
+            yield batch
 
 
 def _copy_out(entries: list[Any], ring: RingReader, fds: list[int], stats: Stats, shown: dict[int, str]) -> list[Any]:
