@@ -90,8 +90,10 @@ class IndexedWebDataset(_MapBase[Any]):
             this many bytes.
         max_connections: requests in flight: ``"auto"`` (default, autotuned within this process's share of the
             node) or a fixed int.
-        max_buffered_bytes: the engine's byte budget; with the four next options as in
+        max_buffered_bytes: the engine's byte budget; with the next options as in
             :class:`~wds_async.WebDataset`; ``config`` a whole :class:`~wds_async.config.EngineConfig`.
+        part_bytes: a coalesced range longer than this is read as concurrent ranged parts (as a large shard is
+            when streaming): where one connection's bandwidth, not the time to first byte, bounds a long range.
         read_timeout: seconds a stream may go without a byte before it is retried.
         connect_timeout: seconds to open a connection.
         retry: the :class:`~wds_async.config.RetryPolicy`.
@@ -115,6 +117,7 @@ class IndexedWebDataset(_MapBase[Any]):
         coalesce_bytes: int = COALESCE_BYTES,
         max_connections: int | str | None = None,
         max_buffered_bytes: int | None = None,
+        part_bytes: int | None = None,
         read_timeout: float | None = None,
         connect_timeout: float | None = None,
         retry: RetryPolicy | None = None,
@@ -128,7 +131,8 @@ class IndexedWebDataset(_MapBase[Any]):
         node_buffered_bytes: int | None = None,
     ) -> None:
         changes = {k: v for k, v in dict(
-            max_connections=max_connections, max_buffered_bytes=max_buffered_bytes, read_timeout=read_timeout,
+            max_connections=max_connections, max_buffered_bytes=max_buffered_bytes, part_bytes=part_bytes,
+            read_timeout=read_timeout,
             connect_timeout=connect_timeout, retry=retry).items() if v is not None}
         # Interleaved delivery: a batch is assembled by item id, so no item waits behind a slower one.
         base = config or EngineConfig()
