@@ -207,14 +207,15 @@ def test_cache_second_epoch_takes_no_store_bytes(served: Any, tmp_path: Path) ->
     assert sent() == before
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_dataloader_random_order_every_sample_once(served: Any, workers: int) -> None:
+@pytest.mark.parametrize("workers,cached", [(0, False), (2, False), (2, True)])
+def test_dataloader_random_order_every_sample_once(served: Any, workers: int, cached: bool, tmp_path: Path) -> None:
+    """Workers open their own engines; with a cache both fill it at once (one takes the lock, the other waits)."""
     torch = pytest.importorskip("torch")
     from torch.utils.data import DataLoader, RandomSampler
 
     _, urls, index = served
     streamed = {s["__key__"]: _plain(s) for s in wds.WebDataset(urls)}
-    ds = wds.IndexedWebDataset(urls, index=index)
+    ds = wds.IndexedWebDataset(urls, index=index, cache_dir=tmp_path / "c" if cached else None)
     loader = DataLoader(ds, batch_size=16, num_workers=workers, collate_fn=list,
                         sampler=RandomSampler(ds, generator=torch.Generator().manual_seed(0)))
     seen = [_plain(s) for batch in loader for s in batch]
