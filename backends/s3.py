@@ -20,8 +20,9 @@ Start-up. Building a client is the SDK's slow step (it loads S3's service model 
 0.3 s of CPU before the first request can be signed), so it is taken off the first sample's path: one boto3
 Session per profile and AWS environment is shared by the process (a second client from a warm session costs
 about 20 ms), clients are shared by every backend with the same settings, and they are built in a daemon thread,
-never on the event loop: from :func:`warm_up` as soon as the registry imports this module (at ``WebDataset(...)``,
-before iteration), and for a backend's own settings from its constructor. A fork waits for a build in progress
+never on the event loop: :func:`warm_up` loads the SDK's models into the shared session as soon as the registry
+resolves the s3 scheme (at ``WebDataset(...)``, before iteration), and a backend's constructor starts its own
+client's build (credentials included). A fork waits for a build in progress
 (``os.register_at_fork``), so a DataLoader worker inherits a warm session and never a half-built one; its own
 clients are built in the worker (they are per process). The credential chain's first resolution runs in that
 thread too.
@@ -278,7 +279,9 @@ def _aws_env() -> tuple[tuple[str, str], ...]:
 _SESSIONS: dict[tuple[str | None, tuple[tuple[str, str], ...]], Any] = {}
 #: Clients built or being built, by (process, settings, AWS environment), with their credential source.
 _CLIENTS: dict[tuple[Any, ...], concurrent.futures.Future[tuple[Any, str]]] = {}
-_LOCK = threading.Lock()  # guards _CLIENTS
+#: Warm-ups started, by (process, AWS environment).
+_WARMING: dict[tuple[Any, ...], concurrent.futures.Future[None]] = {}
+_LOCK = threading.Lock()  # guards _CLIENTS and _WARMING
 _SDK_LOCK = threading.Lock()  # held while a session makes a client; a fork waits for it
 
 
@@ -305,11 +308,38 @@ def client_future(*, endpoint_url: str | None = None, region: str | None = None,
     return future
 
 
-def warm_up() -> None:
-    """Start building the default S3 client (endpoint, region and credentials from the environment) in a thread:
-    the registry calls this when it imports the module, so the SDK's models and the credential chain are loaded
-    while the dataset is built and its iteration starts, and a backend's own client comes from a warm session."""
-    client_future(region=None)
+def warm_up() -> concurrent.futures.Future[None]:
+    """Load the SDK's S3 models into the process's default session (no profile, this AWS environment) in a daemon
+    thread, once per process and environment: the registry calls this when it resolves the s3 scheme (at
+    ``WebDataset(...)``), so a backend's own client, built when iteration starts, comes from a warm session in
+    ~20 ms. The throwaway client made for it carries placeholder keys: the credential chain is not asked here (no
+    metadata service is probed because a dataset was built); the backend's own build resolves it, in its thread."""
+    key = (os.getpid(), _aws_env())
+    with _LOCK:
+        found = _WARMING.get(key)
+        if found is not None:
+            return found
+        future: concurrent.futures.Future[None] = concurrent.futures.Future()
+        _WARMING[key] = future
+
+    def load() -> None:
+        try:
+            with _SDK_LOCK:
+                env = _aws_env()
+                session = _SESSIONS.get((None, env))
+                if session is None:
+                    session = boto3.Session()
+                session.client("s3", aws_access_key_id="warm-up", aws_secret_access_key="warm-up",
+                               config=Config(s3={"addressing_style": "path"} if _env_endpoint() else {}))
+                if env == key[1]:
+                    _SESSIONS[(None, env)] = session
+            future.set_result(None)
+        except BaseException as exc:  # a warm-up that fails costs nothing: the backend's own build reports it
+            log.debug("wds-async: S3 warm-up failed", exc_info=True)
+            future.set_exception(exc)
+
+    threading.Thread(target=load, name="wds-async-s3-warm-up", daemon=True).start()
+    return future
 
 
 def _before_fork() -> None:
@@ -329,6 +359,7 @@ def _after_fork_in_child() -> None:
     global _LOCK, _SDK_LOCK, _FORK_HELD
     _LOCK, _SDK_LOCK, _FORK_HELD = threading.Lock(), threading.Lock(), threading.Event()
     _CLIENTS.clear()  # the parent's clients stay the parent's; the warm sessions are kept
+    _WARMING.clear()
 
 
 _FORK_HELD = threading.Event()

@@ -7,6 +7,7 @@ import asyncio
 import threading
 from typing import Any
 
+import botocore.session
 import pytest
 
 from tests.emulators import MOTO_ENV
@@ -21,12 +22,22 @@ def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv(name, value)
 
 
-def test_the_registry_starts_the_default_client_when_it_imports_the_backend(aws_env: None) -> None:
+def test_the_registry_warms_the_session_without_asking_for_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    # No AWS variables at all (the suite scrubs them): building a dataset must not probe a metadata service, so
+    # the warm-up's throwaway client carries placeholder keys and only loads the SDK's models into the session.
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # were the chain asked anyway, it could not go out
+    asked: list[str] = []
+    real = botocore.session.Session.get_credentials
+
+    def get_credentials(self: Any) -> Any:
+        asked.append(threading.current_thread().name)
+        return real(self)
+
+    monkeypatch.setattr(botocore.session.Session, "get_credentials", get_credentials)
     assert backend_class("s3") is S3Backend
-    future = s3.client_future(region=None)  # the one warm_up() started: the same settings, the same future
-    client, source = future.result(timeout=60)
-    assert source == "env" and client.meta.service_model.service_name == "s3"
-    assert s3.client_future(region=None) is future
+    warming = s3.warm_up()  # the one the registry started: once per process and environment
+    assert warming.result(timeout=60) is None and s3.warm_up() is warming
+    assert (None, s3._aws_env()) in s3._SESSIONS and asked == []
 
 
 @pytest.mark.asyncio
