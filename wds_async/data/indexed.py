@@ -23,6 +23,10 @@ Shard cache (``cache_dir``): the first read of a shard in a process whose copy i
 whole shard (into the cache, as streaming fills it) and takes the samples asked for from it; later reads are
 ranges of the local copy, with no store bytes. Copies are trusted (``cache_validate=False`` by default): a
 copy of another version than the index's fails its reads with ``ObjectChanged``, as the store would.
+
+Without an index (``nsamples=``, one count per shard: what wids' shard lists give), a shard is read whole on its first
+use in each process, through the cache when there is one, and its layout (keys, offsets, ends) learned from the
+samples that read delivered; a count that differs from the shard's is a ``ShardFormatError`` naming it.
 """
 
 from __future__ import annotations
