@@ -35,7 +35,8 @@ class ItemFeed:
         self._items: collections.deque[WorkItem] = collections.deque()
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._event: asyncio.Event | None = None
+        #: Readers waiting for an item, oldest first; a submit wakes as many as it brings items (not all of them).
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
 
     # -- any thread ---------------------------------------------------------------------------------
     def submit(self, items: Sequence[WorkItem]) -> None:
@@ -51,35 +52,47 @@ class ItemFeed:
         self._wake()
 
     def _wake(self) -> None:
-        loop, event = self._loop, self._event
-        if loop is None or event is None or loop.is_closed():
+        loop = self._loop
+        if loop is None or loop.is_closed():
             return  # not bound yet: the loop looks at the deque after binding
         try:
-            loop.call_soon_threadsafe(event.set)
+            loop.call_soon_threadsafe(self._notify)
         except RuntimeError:  # the loop closed in between
             pass
 
     # -- loop thread --------------------------------------------------------------------------------
+    def _notify(self) -> None:
+        """Wake one waiting reader per queued item (every reader once the feed is closed)."""
+        wake = len(self._waiters) if self._closed else min(len(self._items), len(self._waiters))
+        for _ in range(wake):
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+
     def bind(self) -> None:
         """Called by the engine in its loop before it takes items."""
         if self._loop is None:
-            self._event = asyncio.Event()
             self._loop = asyncio.get_running_loop()
 
     async def get(self) -> WorkItem | None:
-        """The next item, waiting while the feed is empty and open; None once it is closed and drained."""
+        """The next item, waiting while the feed is empty and open; None once it is closed and drained.
+        A reader that is woken but finds the item taken (by a reader that did not have to wait) waits again."""
         self.bind()
-        event = self._event
-        assert event is not None
+        loop = self._loop
+        assert loop is not None
         while True:
             if self._items:
                 return self._items.popleft()
             if self._closed:
                 return None
-            event.clear()
-            if self._items or self._closed:
-                continue
-            await event.wait()
+            waiter = loop.create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except BaseException:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+                raise
 
     def peek(self, n: int) -> list[WorkItem]:
         """The next ``n`` items queued, not taken."""
