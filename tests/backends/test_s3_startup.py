@@ -78,7 +78,8 @@ async def test_the_build_runs_in_a_thread_while_the_loop_keeps_running(aws_env: 
         return real(**kwargs)
 
     monkeypatch.setattr(s3, "make_client", slow_make_client)
-    backend = S3Backend(endpoint_url="http://127.0.0.1:9", region="ap-south-1")  # settings no one built yet
+    monkeypatch.delenv("AWS_DEFAULT_REGION")  # no region known: no early signature, the request needs the client
+    backend = S3Backend(endpoint_url="http://127.0.0.1:7")  # settings no one built yet
     signed = asyncio.ensure_future(backend.resolve("s3://bkt/key.tar", 0, None))
     ticks = 0
     while not built_on or ticks < 20:  # the loop turns while the build waits
@@ -87,5 +88,47 @@ async def test_the_build_runs_in_a_thread_while_the_loop_keeps_running(aws_env: 
     assert not signed.done() and built_on == ["wds-async-s3-client"]
     release.set()
     url, _ = await signed
-    assert url.startswith("http://127.0.0.1:9/bkt/key.tar?") and "X-Amz-Signature=" in url
+    assert url.startswith("http://127.0.0.1:7/bkt/key.tar?") and "X-Amz-Signature=" in url
     await backend.aclose()
+
+
+@pytest.mark.parametrize("region", ["us-east-1", "eu-west-1"])
+def test_the_early_signature_is_the_clients(aws_env: None, region: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import datetime
+
+    import botocore.auth
+
+    frozen = datetime.datetime(2026, 11, 25, 12, 0, 0)
+    monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda: frozen)  # both sign at the same instant
+    client, _ = s3.make_client(endpoint_url="http://127.0.0.1:9/", region=region)
+    creds = botocore.session.Session().get_credentials()
+    for key in ("k", "dir/shard-000001.tar", "a b+c=d&e%f~g:h@i.tar", "ünï/çødé.tar"):
+        for method, operation in (("GET", "get_object"), ("HEAD", "head_object")):
+            theirs = client.generate_presigned_url(operation, Params={"Bucket": "bkt", "Key": key},
+                                                   ExpiresIn=s3.PRESIGN_SECONDS)
+            ours = s3._sign_path_style(creds, method, "http://127.0.0.1:9", region, "bkt", key)
+            assert ours == theirs
+
+
+@pytest.mark.asyncio
+async def test_first_requests_are_signed_while_the_client_is_built(aws_env: None,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    release = threading.Event()
+    real = s3.make_client
+
+    def slow_make_client(**kwargs: Any) -> Any:
+        release.wait(30)
+        return real(**kwargs)
+
+    monkeypatch.setattr(s3, "make_client", slow_make_client)
+    early = S3Backend(endpoint_url="http://127.0.0.1:9", region="sa-east-1")
+    url, _ = await early.resolve("s3://bkt/key.tar", 0, None)  # would wait for the client without the early path
+    assert "X-Amz-Credential=testing%2F" in url and "%2Fsa-east-1%2Fs3%2F" in url
+    assert early.credential_source == "env"
+    no_region = S3Backend(endpoint_url="http://127.0.0.1:9", profile=None)
+    monkeypatch.delenv("AWS_DEFAULT_REGION")
+    unknown = S3Backend(endpoint_url="http://127.0.0.1:9")  # no region known: the client signs, so it waits
+    assert unknown._early is None and no_region._early is not None
+    release.set()
+    for backend in (early, no_region, unknown):
+        await backend.aclose()
