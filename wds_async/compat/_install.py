@@ -29,13 +29,11 @@ MODULES: dict[str, str] = {
     "webdataset": "wds_async.compat.top",
     **{f"webdataset.{name}": f"wds_async.compat.{name}" for name in (
         "autodecode", "cache", "compat", "extradatasets", "filters", "gopen", "handlers", "mix", "pipeline",
-        "pytorch", "shardlists", "tariterators", "utils", "writer")},
+        "pytorch", "shardlists", "tariterators", "utils", "wids", "writer")},
 }
 
 #: Modules of webdataset (1.0.2, or the 0.2 series that open_clip pins) that the shim leaves out, and why.
 NOT_PROVIDED: dict[str, str] = {
-    "webdataset.wids": "wds-async streams shards in order; it has no indexed random-access dataset "
-                       "(webdataset's wids ShardListDataset) - read with WebDataset / DataPipeline",
     "webdataset.multi": "webdataset's ZMQ MultiLoader is not provided; use a torch DataLoader with num_workers",
     "webdataset.tenbin": "webdataset's tenbin module (its own array container) is not provided; wds-async decodes "
                          "and encodes .ten fields (decode() and TarWriter) without it",

@@ -119,7 +119,7 @@ class Autotuner:
         while True:
             started = loop.time()
             level = self.limiter.total
-            throttled0, wait0 = self.stats.throttled, self.stats.wait_seconds
+            throttled0, wait0, bytes0 = self.stats.throttled, self.stats.wait_seconds, self.stats.bytes_read
             ticks = limited = full = served = 0
             length = self.interval()
             # Right after a change the new requests are still waiting for their first byte: leave that
@@ -138,7 +138,8 @@ class Autotuner:
                     full += 1
             elapsed = max(loop.time() - started, 1e-6)
             waited = (self.stats.wait_seconds - wait0) / elapsed
-            assert mark is not None
+            if mark is None:  # one tick outlasted the whole interval (a stalled loop): judge it from its start
+                mark = (started, bytes0)
             obs = Observation(
                 now=time.monotonic(),
                 throughput=(self.stats.bytes_read - mark[1]) / max(loop.time() - mark[0], 1e-6),
