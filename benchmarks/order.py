@@ -10,7 +10,8 @@ while later shards are ready, which matters most when one shard is much slower t
 
 * ``a``: 16 x 16 MiB shards, 50 ms to first byte, 20 MB/s per connection (large shards, long streams);
 * ``b``: 256 x 1 MiB shards, 200 ms to first byte, 10 MB/s per connection (many small, high-latency shards);
-* ``c``: 64 x 4 MiB shards, 50 ms and 20 MB/s, but one shard in ten served at 2 MB/s (10x slower).
+* ``c``: 64 x 4 MiB shards, 50 ms and 20 MB/s, but one shard in ten served at 2 MB/s (10x slower);
+* ``d``: the demo's store, 32 x 16 MiB at 50 ms and 20 MB/s: twice the default 256 MiB byte budget.
 
 Each run is a fresh subprocess iterating ``WebDataset(urls)`` with default settings (autotuned connections,
 256 MiB budget), once with the default order and once with ``deterministic=False``, alternating. Reported per
@@ -48,6 +49,7 @@ STORES: dict[str, tuple[int, int, int, float, float, int | None]] = {
     "a": (16, 16, 100, 0.05, 20e6, None),
     "b": (256, 1, 100, 0.2, 10e6, None),
     "c": (64, 4, 100, 0.05, 20e6, 10),
+    "d": (32, 16, 100, 0.05, 20e6, None),
 }
 
 
@@ -68,7 +70,7 @@ def _urls(store: StoreProcess, n: int, slow_every: int | None, bw: float) -> lis
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--stores", default="a,b,c", help="which of a, b, c (comma-separated)")
+    p.add_argument("--stores", default="a,b,c,d", help="which of a, b, c, d (comma-separated)")
     p.add_argument("--rounds", type=int, default=1, help="runs of each mode per store (medians reported)")
     p.add_argument("--root", default=".bench/order", help="where the synthetic shards are kept")
     args = p.parse_args(argv)
