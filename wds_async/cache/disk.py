@@ -85,7 +85,7 @@ from typing import Any
 
 from ..config import RetryPolicy
 from ..errors import WdsError
-from ..io import ObjectIdentity
+from ..io import Backend, ObjectIdentity
 from ..node import parse_bytes
 from ..stats import Stats
 from ..urls import redact_url, scheme_of
@@ -255,7 +255,7 @@ class ShardCache:
         log.warning("cache: not caching %s: %s; it is read from the store", redact_url(url), why)
 
     # -- the engine's entry point ---------------------------------------------------------------------
-    async def open_item(self, url: str, *, whole: bool, backend: Any, policy: RetryPolicy,
+    async def open_item(self, url: str, *, whole: bool, backend: Backend, policy: RetryPolicy,
                         stats: Stats | None = None, prechecks: Prechecks | None = None
                         ) -> CacheHit | CacheFill | None:
         """What the engine reads ``url`` from: a copy (:class:`CacheHit`), the store while filling the cache
@@ -292,7 +292,7 @@ class ShardCache:
                 return None
             await asyncio.sleep(0.1)
 
-    async def _hit(self, url: str, backend: Any, policy: RetryPolicy, stats: Stats | None,
+    async def _hit(self, url: str, backend: Backend, policy: RetryPolicy, stats: Stats | None,
                    prechecks: Prechecks | None = None) -> CacheHit | None:
         found = await asyncio.to_thread(self._open_copy, url)
         if found is None:

@@ -24,7 +24,7 @@ import aiofiles.os
 
 from ..backends.file import FileBackend
 from ..config import RetryPolicy
-from ..io import ByteStream, ObjectIdentity
+from ..io import Backend, ByteStream, ObjectIdentity
 from ..io.reader import RangeReader, ReadContext
 from ..stats import Stats
 from ..urls import redact_url
@@ -54,7 +54,7 @@ log = logging.getLogger("wds_async")
 FILL_WRITE_BYTES = 1 << 20
 
 
-async def store_identity(backend: Any, url: str, policy: RetryPolicy, stats: Stats | None) -> ObjectIdentity:
+async def store_identity(backend: Backend, url: str, policy: RetryPolicy, stats: Stats | None) -> ObjectIdentity:
     """The object's identity now, from a 1-byte ranged read (what every backend can do, retried as usual)."""
     reader = RangeReader(backend, url, start=0, end=1, context=ReadContext(policy))
     async with contextlib.aclosing(reader.chunks()) as chunks:
@@ -75,7 +75,7 @@ class Prechecks:
         self.cache, self.policy, self.stats, self.group = cache, policy, stats, group
         self.tasks: dict[str, asyncio.Task[ObjectIdentity]] = {}
 
-    def ahead(self, url: str, backend: Any) -> None:
+    def ahead(self, url: str, backend: Backend) -> None:
         if (not self.cache.validate or url in self.tasks or not self.cache.cacheable(url)
                 or not os.path.exists(self.cache.path(url, ".json"))):
             return
@@ -83,7 +83,7 @@ class Prechecks:
         task.add_done_callback(_retrieve)  # an error is raised where the item awaits it, or dropped unneeded
         self.tasks[url] = task
 
-    async def identity(self, url: str, backend: Any) -> ObjectIdentity:
+    async def identity(self, url: str, backend: Backend) -> ObjectIdentity:
         task = self.tasks.pop(url, None)
         if task is None:
             return await store_identity(backend, url, self.policy, self.stats)

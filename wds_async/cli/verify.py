@@ -18,9 +18,9 @@ import json
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from ..engine.shard import shard_samples
+from ..io import BackendSet
 from .common import positive, shard_urls
 
 __all__ = ["ShardReport", "add_arguments", "command"]
@@ -85,7 +85,7 @@ def command(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-async def _verify_one(backends: Any, url: str, on_bytes: Callable[[int], None]) -> ShardReport:
+async def _verify_one(backends: BackendSet, url: str, on_bytes: Callable[[int], None]) -> ShardReport:
     from contextlib import aclosing
 
     from ..errors import WdsError
@@ -112,7 +112,7 @@ async def _verify_all(urls: list[str], connections: int, on_bytes: Callable[[int
     from asyncio import TaskGroup
 
     from ..config import EngineConfig
-    from ..io import BackendSet
+
 
     reports: list[ShardReport | None] = [None] * len(urls)
     todo = iter(enumerate(urls))  # shared by the readers, so shards open in list order

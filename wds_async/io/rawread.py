@@ -12,15 +12,14 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from ..config import EngineConfig
+from .registry import BackendSet
 
 __all__ = ["drain", "raw_backends"]
 
 
 @asynccontextmanager
-async def raw_backends(connections: int, options: dict[str, Any] | None = None) -> AsyncIterator[Any]:
+async def raw_backends(connections: int, options: dict[str, Any] | None = None) -> AsyncIterator[BackendSet]:
     """A ``BackendSet`` whose pools allow ``connections`` requests at once, closed on exit."""
-    from . import BackendSet
-
     backends = BackendSet(EngineConfig(max_connections=connections), options=options)
     try:
         yield backends
@@ -28,7 +27,7 @@ async def raw_backends(connections: int, options: dict[str, Any] | None = None) 
         await backends.aclose()
 
 
-async def drain(backends: Any, url: str, *, start: int = 0, end: int | None = None,
+async def drain(backends: BackendSet, url: str, *, start: int = 0, end: int | None = None,
                 on_chunk: Callable[[int], None] | None = None) -> int:
     """Read ``[start, end)`` of ``url`` to the end; return the byte count. ``on_chunk(n)`` is called
     for every chunk as it arrives (the first call marks the time to first byte)."""

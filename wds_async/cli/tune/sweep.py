@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import BackendError, WdsError
+from ...io import BackendSet
 from ...io.rawread import drain, raw_backends
 
 __all__ = ["THROTTLED", "Measurement", "Progress", "run_sweep"]
@@ -60,7 +61,7 @@ class Measurement:
 class _Window:
     """The counters of one measurement window, and the reader coroutine that feeds them."""
 
-    def __init__(self, backends: Any, jobs: Iterator[tuple[str, int, int | None]]) -> None:
+    def __init__(self, backends: BackendSet, jobs: Iterator[tuple[str, int, int | None]]) -> None:
         self.backends, self.jobs = backends, jobs
         self.bytes = self.requests = self.completed = self.errors = self.throttled = 0
         self.ttfb: list[float] = []
@@ -100,7 +101,7 @@ def _percentile_ms(values: list[float], q: float) -> float | None:
     return 1000 * ordered[max(0, math.ceil(q * len(ordered)) - 1)]  # nearest rank
 
 
-async def _measure(backends: Any, jobs: Iterator[tuple[str, int, int | None]], concurrency: int,
+async def _measure(backends: BackendSet, jobs: Iterator[tuple[str, int, int | None]], concurrency: int,
                    part_bytes: int | None, seconds: float, tick: Callable[[float], None]) -> Measurement:
     loop = asyncio.get_running_loop()
     window = _Window(backends, jobs)
@@ -122,7 +123,7 @@ async def _measure(backends: Any, jobs: Iterator[tuple[str, int, int | None]], c
                        window.throttled)
 
 
-async def _sizes(backends: Any, urls: list[str]) -> list[int | None]:
+async def _sizes(backends: BackendSet, urls: list[str]) -> list[int | None]:
     """Every object's size (a HEAD each): fails early, naming the URL, on a missing object or a dead store."""
     gate = asyncio.Semaphore(_HEAD_CONCURRENCY)
 
