@@ -17,15 +17,16 @@ regional endpoint) and retries once; later requests for the bucket are signed fo
 Listing goes through the SDK, whose own region redirector (always on for S3 clients) does the same.
 
 Start-up. Building a client is the SDK's slow step (it loads S3's service model and endpoint rules: about 0.1 to
-0.3 s of CPU before the first request can be signed), so it is taken off the first sample's path: one boto3
-Session per profile and AWS environment is shared by the process (a second client from a warm session costs
-about 20 ms), clients are shared by every backend with the same settings, and they are built in a daemon thread,
-never on the event loop: :func:`warm_up` loads the SDK's models into the shared session as soon as the registry
-resolves the s3 scheme (at ``WebDataset(...)``, before iteration), and a backend's constructor starts its own
-client's build (credentials included). A fork waits for a build in progress
-(``os.register_at_fork``), so a DataLoader worker inherits a warm session and never a half-built one; its own
-clients are built in the worker (they are per process). The credential chain's first resolution runs in that
-thread too.
+0.3 s of CPU), so it is kept off the first sample's path and off the event loop. For an explicit endpoint
+(``endpoint_url`` or ``AWS_ENDPOINT_URL[_S3]``, path-style) in a known region (the ``region`` option or
+``AWS_DEFAULT_REGION``), the first requests are presigned with botocore's own SigV4 query signer and credentials
+resolved in a thread of their own (the credential chain's first resolution; no model loaded), and the client's
+build starts in a daemon thread once the first request is on its way; otherwise it starts in the backend's
+constructor and the first request awaits it. One boto3 Session per profile and AWS environment is shared by the
+process (a second client from a warm session costs about 20 ms instead of the first's 0.1-0.3 s), and clients
+are shared by every backend with the same settings, so each new epoch (a new backend) finds its client ready. A
+fork waits for a build in progress (``os.register_at_fork``): a DataLoader worker inherits a warm session, never
+a half-built one, and builds its own clients (they are per process).
 
 Throttling (``503 SlowDown``) and 5xx are transient and retried by the engine; 403 names the
 credential source botocore used (``env``, ``shared-credentials-file``, ``assume-role``, ...), never a key.
@@ -60,7 +61,7 @@ from wds_async.urls import redact_text
 
 from .http import HttpBackend
 
-__all__ = ["S3Backend", "WrongRegion", "client_future", "make_client", "split_s3_url", "warm_up"]
+__all__ = ["S3Backend", "WrongRegion", "client_future", "make_client", "split_s3_url"]
 
 log = logging.getLogger("wds_async")
 
@@ -99,9 +100,8 @@ class S3Backend(HttpBackend):
         #: bucket -> the region the store named for it in a redirect; requests for it are signed for that.
         self.bucket_regions: dict[str, str] = {}
         self.credential_source = "not resolved yet"
-        self._future(None)  # the configured region's client: its build starts now, in a thread
-        #: While that client is being built, requests to an explicit endpoint in a known region are signed with
-        #: credentials resolved on their own (a thread too): see :meth:`_early_presign`.
+        #: Until the configured region's client is built, requests to an explicit endpoint in a known region are
+        #: signed with credentials resolved on their own (a thread too): see :meth:`_early_presign`.
         self._early: concurrent.futures.Future[Any] | None = None
         ignore_env = os.environ.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "").lower() == "true"
         endpoint = endpoint_url or (None if ignore_env else _env_endpoint())
@@ -109,6 +109,8 @@ class S3Backend(HttpBackend):
         if endpoint and region and not anonymous and not profile:
             self._early_target = (endpoint.rstrip("/"), region)
             self._early = _credentials_future()
+        else:
+            self._future(None)  # the configured region's client: its build starts now, in a thread
 
     # -- the SDK, off the loop -------------------------------------------------------------------
     def _future(self, region: str | None) -> concurrent.futures.Future[tuple[Any, str]]:
@@ -169,7 +171,8 @@ class S3Backend(HttpBackend):
         early = self._early
         if early is None or method not in ("GET", "HEAD") or bucket in self.bucket_regions:
             return None
-        if self._future(None).done():
+        found = self._clients.get(None)
+        if found is not None and found.done():
             self._early = None
             return None
         try:
@@ -181,7 +184,9 @@ class S3Backend(HttpBackend):
             return None
         endpoint, region = self._early_target
         self.credential_source = creds.method
-        return await asyncio.to_thread(_sign_path_style, creds, method, endpoint, region, bucket, key)
+        signed = await asyncio.to_thread(_sign_path_style, creds, method, endpoint, region, bucket, key)
+        self._future(None)  # the client's build starts once the first request is on its way, not competing with it
+        return signed
 
     # -- a bucket in another region: learn it from the answer, sign again, retry once ------------------
     @asynccontextmanager
@@ -320,9 +325,7 @@ _SESSIONS: dict[tuple[str | None, tuple[tuple[str, str], ...]], Any] = {}
 _CLIENTS: dict[tuple[Any, ...], concurrent.futures.Future[tuple[Any, str]]] = {}
 #: The credential chain's answers, by (process, AWS environment), for the first requests' signatures.
 _CREDENTIALS: dict[tuple[Any, ...], concurrent.futures.Future[Any]] = {}
-#: Warm-ups started, by (process, AWS environment).
-_WARMING: dict[tuple[Any, ...], concurrent.futures.Future[None]] = {}
-_LOCK = threading.Lock()  # guards _CLIENTS and _WARMING
+_LOCK = threading.Lock()  # guards _CLIENTS and _CREDENTIALS
 _SDK_LOCK = threading.Lock()  # held while a session makes a client; a fork waits for it
 
 
@@ -349,40 +352,6 @@ def client_future(*, endpoint_url: str | None = None, region: str | None = None,
     return future
 
 
-def warm_up() -> concurrent.futures.Future[None]:
-    """Load the SDK's S3 models into the process's default session (no profile, this AWS environment) in a daemon
-    thread, once per process and environment: the registry calls this when it resolves the s3 scheme (at
-    ``WebDataset(...)``), so a backend's own client, built when iteration starts, comes from a warm session in
-    ~20 ms. The throwaway client made for it carries placeholder keys: the credential chain is not asked here (no
-    metadata service is probed because a dataset was built); the backend's own build resolves it, in its thread."""
-    key = (os.getpid(), _aws_env())
-    with _LOCK:
-        found = _WARMING.get(key)
-        if found is not None:
-            return found
-        future: concurrent.futures.Future[None] = concurrent.futures.Future()
-        _WARMING[key] = future
-
-    def load() -> None:
-        try:
-            with _SDK_LOCK:
-                env = _aws_env()
-                session = _SESSIONS.get((None, env))
-                if session is None:
-                    session = boto3.Session()
-                session.client("s3", aws_access_key_id="warm-up", aws_secret_access_key="warm-up",
-                               config=Config(s3={"addressing_style": "path"} if _env_endpoint() else {}))
-                if env == key[1]:
-                    _SESSIONS[(None, env)] = session
-            future.set_result(None)
-        except BaseException as exc:  # a warm-up that fails costs nothing: the backend's own build reports it
-            log.debug("wds-async: S3 warm-up failed", exc_info=True)
-            future.set_exception(exc)
-
-    threading.Thread(target=load, name="wds-async-s3-warm-up", daemon=True).start()
-    return future
-
-
 def _before_fork() -> None:
     # A child must not inherit a session half-way through making a client (its lock held by a thread that does
     # not exist there): wait for the build in progress, bounded.
@@ -400,7 +369,6 @@ def _after_fork_in_child() -> None:
     global _LOCK, _SDK_LOCK, _FORK_HELD
     _LOCK, _SDK_LOCK, _FORK_HELD = threading.Lock(), threading.Lock(), threading.Event()
     _CLIENTS.clear()  # the parent's clients stay the parent's; the warm sessions are kept
-    _WARMING.clear()
     _CREDENTIALS.clear()
 
 

@@ -1,43 +1,26 @@
-"""The S3 backend's start-up (issue: time to first sample): its SDK client is built in a thread, started early,
-shared by the process, and never blocks the event loop; the credential chain's first resolution happens there."""
+"""The S3 backend's start-up (issue: time to first sample): its SDK client is built in a thread and shared by the
+process, never blocking the event loop, and the first requests to an explicit endpoint are signed without it."""
 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import threading
 from typing import Any
 
+import botocore.auth
 import botocore.session
 import pytest
 
 from tests.emulators import MOTO_ENV
 from wds_async.backends import s3
 from wds_async.backends.s3 import S3Backend
-from wds_async.io import backend_class
 
 
 @pytest.fixture
 def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in MOTO_ENV.items():
         monkeypatch.setenv(name, value)
-
-
-def test_the_registry_warms_the_session_without_asking_for_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
-    # No AWS variables at all (the suite scrubs them): building a dataset must not probe a metadata service, so
-    # the warm-up's throwaway client carries placeholder keys and only loads the SDK's models into the session.
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # were the chain asked anyway, it could not go out
-    asked: list[str] = []
-    real = botocore.session.Session.get_credentials
-
-    def get_credentials(self: Any) -> Any:
-        asked.append(threading.current_thread().name)
-        return real(self)
-
-    monkeypatch.setattr(botocore.session.Session, "get_credentials", get_credentials)
-    assert backend_class("s3") is S3Backend
-    warming = s3.warm_up()  # the one the registry started: once per process and environment
-    assert warming.result(timeout=60) is None and s3.warm_up() is warming
-    assert (None, s3._aws_env()) in s3._SESSIONS and asked == []
 
 
 @pytest.mark.asyncio
@@ -94,10 +77,6 @@ async def test_the_build_runs_in_a_thread_while_the_loop_keeps_running(aws_env: 
 
 @pytest.mark.parametrize("region", ["us-east-1", "eu-west-1"])
 def test_the_early_signature_is_the_clients(aws_env: None, region: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    import datetime
-
-    import botocore.auth
-
     frozen = datetime.datetime(2026, 11, 25, 12, 0, 0)
     monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda: frozen)  # both sign at the same instant
     client, _ = s3.make_client(endpoint_url="http://127.0.0.1:9/", region=region)

@@ -148,9 +148,6 @@ def backend_class(scheme: str, url: str | None = None) -> Callable[..., Any]:
     except ImportError as exc:
         hint = f"pip install 'wds-async[{extra}]'" if extra else "reinstall wds-async"
         raise MissingDependency(f"the {scheme}:// backend needs {exc.name or 'a package'}: {hint}", url=url) from exc
-    warm_up = getattr(module, "warm_up", None)  # an SDK's slow start begins now, in its own thread (s3: the client)
-    if warm_up is not None:
-        warm_up()
     return getattr(module, class_name)  # type: ignore[no-any-return]
 
 
