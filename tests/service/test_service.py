@@ -35,6 +35,7 @@ def test_same_samples_as_in_process(service: ServiceHandle, pattern: str, manife
     assert sample_digest(there)[0] == manifest["expected_samples"]
     stats = there.stats()
     assert stats["service"] == service.socket and stats["samples_delivered"] == manifest["expected_samples"]
+    assert stats["first_sample_s"] is not None and stats["first_sample_s"] > 0  # stamped through the service too
     # positions are those the engine gives: a checkpoint made through the service means the same bytes
     a = [(s.url, s.offset, s.end, s.item) for s in wds.WebDataset(pattern, deterministic=True)]
     b = [(s.url, s.offset, s.end, s.item) for s in wds.WebDataset(pattern, deterministic=True, service=service.url)]

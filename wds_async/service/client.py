@@ -356,7 +356,7 @@ def _copy_out(entries: list[Any], ring: RingReader, fds: list[int], stats: Stats
                     sample[name] = os.pread(fds[0], length, at) if fds else ring.read(at, length)
                     stats.bytes_read += length
                 stats.samples_read += 1
-                stats.samples_delivered += 1
+                stats.delivered(1)  # stamps first_sample_s, as the bridge does in-process
                 out.append(sample)
             elif tag == "d":
                 out.append(int(entry[1]))
