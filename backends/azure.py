@@ -294,7 +294,9 @@ class AzureBackend(HttpBackend):
         """One request; any status but 200/206 becomes an error naming the user URL and credential."""
         shown = redact_url(url)
         with map_aiohttp_errors(shown, start):  # its messages are scrubbed: the request URL carries the SAS
-            response = await self._get_session().request(method, target_url, headers=headers, allow_redirects=True)
+            session = self._get_session()
+            response = await session.request(method, target_url, **self.environment(target_url, headers),
+                                             allow_redirects=True)
         if response.status in (200, 206):
             return response
         response.close()

@@ -176,7 +176,8 @@ class GcsBackend(HttpBackend):
         """GET a JSON API resource; non-2xx answers go through :meth:`response_error` like downloads."""
         headers = {**self.headers, **await self._auth_headers(url)}
         with map_aiohttp_errors(url):
-            async with self._get_session().get(target, headers=headers, params=params) as response:
+            session = self._get_session()
+            async with session.get(target, **self.environment(target, headers), params=params) as response:
                 if response.status != 200:
                     raise await self.response_error(response, url, 0)
                 with map_aiohttp_errors(url, reading=True, read_timeout=self._timeout.sock_read):

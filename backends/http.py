@@ -27,6 +27,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from typing import Any
 
 import aiohttp
 
@@ -155,6 +156,14 @@ class HttpBackend:
         self._session: aiohttp.ClientSession | None = None
         self._env = _Environment.EMPTY
 
+    def environment(self, target: str, headers: dict[str, str]) -> dict[str, Any]:
+        """``headers`` plus what the environment adds to a request for ``target`` (a .netrc login; the proxy and its
+        login): the keyword arguments of every request this backend sends, after :meth:`_get_session`."""
+        proxy, proxy_headers, login = self._env.for_url(target, "Authorization" in headers)
+        if login is not None:
+            headers = {**headers, "Authorization": login}
+        return {"headers": headers, "proxy": proxy, "proxy_headers": proxy_headers}
+
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None:
             tls: ssl.SSLContext | bool = ssl.create_default_context(cafile=self.ca_file) if self.ca_file else True
@@ -218,12 +227,8 @@ class HttpBackend:
         target, headers = await self.resolve(url, start, end)
         target = self.conditions(target, headers, expect)
         session = self._get_session()
-        proxy, proxy_headers, login = self._env.for_url(target, "Authorization" in headers)
-        if login is not None:
-            headers["Authorization"] = login
         with map_aiohttp_errors(shown, start):
-            response = await session.get(target, headers=headers, allow_redirects=True, proxy=proxy,
-                                         proxy_headers=proxy_headers)
+            response = await session.get(target, **self.environment(target, headers), allow_redirects=True)
         if response.status not in (200, 206):
             try:
                 raise await self.response_error(response, shown, start)
@@ -309,7 +314,8 @@ class HttpBackend:
         target, headers = await self.resolve(url, 0, None, "HEAD")
         headers.pop("Range", None)
         with map_aiohttp_errors(shown):
-            async with self._get_session().head(target, headers=headers, allow_redirects=True) as response:
+            session = self._get_session()
+            async with session.head(target, **self.environment(target, headers), allow_redirects=True) as response:
                 if response.status != 200:
                     raise await self.response_error(response, shown, 0)
                 return response.content_length

@@ -75,6 +75,11 @@ async def test_a_netrc_login_is_sent_to_its_host(servers: tuple[str, str, list[s
     for name in ("http_proxy", "HTTP_PROXY", "no_proxy", "NO_PROXY"):
         monkeypatch.delenv(name, raising=False)
     assert await _read(f"{store}/x.tar") == BODY
+    backend = HttpBackend()  # a HEAD for the size carries the login too (the store answers 401 without it)
+    try:
+        assert await backend.size(f"{store}/sized.tar") == len(BODY)
+    finally:
+        await backend.aclose()
     rc.write_text("machine 127.0.0.1 login alice password wrong\n")
     with pytest.raises(PermissionDenied):
         await _read(f"{store}/x.tar")  # a new session reads the file again
@@ -94,6 +99,7 @@ async def test_http_proxy_is_used_unless_no_proxy_names_the_host(servers: tuple[
     monkeypatch.delenv("NO_PROXY", raising=False)
     assert await _read(f"{store}/via-proxy.tar") == BODY
     assert seen == [f"{store}/via-proxy.tar"]
+
     monkeypatch.setenv("no_proxy", "127.0.0.1")
     assert await _read(f"{store}/direct.tar") == BODY
     assert seen == [f"{store}/via-proxy.tar"], "no_proxy names the host: the request went straight to it"
