@@ -41,7 +41,7 @@ import collections
 import logging
 import time
 from asyncio import TaskGroup
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sized
+from collections.abc import Iterable, Iterator, Sized
 from contextlib import aclosing
 from dataclasses import replace
 
@@ -353,11 +353,12 @@ class Engine:
         try:
             await self._fetch_once(item, token, progress)
         except ShardFormatError as exc:
-            if not progress.local:
+            opened = progress.opened
+            if opened is None or not opened.local:
                 raise
             log.warning("wds-async: the local copy of %s is damaged (%s); dropped, reading the shard from the store",
                         redact_url(item.url), exc)
-            await progress.discard(item.url)
+            await opened.discard(item.url)
             rest = item if progress.end is None else replace(item, start=progress.end)
             await self._fetch_once(rest, token, _Progress(), store=True)
 
@@ -366,7 +367,7 @@ class Engine:
         source = self._store_only if store else self.source
         whole = item.start == 0 and item.end is None
         async with source.open(item.url, whole=whole, backend=backend) as opened:
-            progress.local, progress.discard = opened.local, opened.discard
+            progress.opened = opened
             if opened.reserve:
                 self.budget.reserve(opened.reserve)
             try:
@@ -436,13 +437,8 @@ class Engine:
 class _Progress:
     """How far one item got, and where its bytes came from (for the fallback from a damaged local copy)."""
 
-    __slots__ = ("discard", "end", "local")
+    __slots__ = ("end", "opened")
 
     def __init__(self) -> None:
         self.end: int | None = None  # just past the last sample delivered
-        self.local = False
-        self.discard: Callable[[str], Awaitable[None]] = _keep
-
-
-async def _keep(url: str) -> None:
-    return None
+        self.opened: OpenedItem | None = None  # what the item's source opened (is it a local copy? how to drop it)
