@@ -28,6 +28,7 @@ from ..backends.file import local_path
 from ..backends.pipe import pipes_allowed
 from ..cache.disk import make_cache
 from ..config import EngineConfig, RetryPolicy
+from ..engine.shared import SharedEngine
 from ..engine.spec import StreamSpec
 from ..errors import EmptyShards
 from ..index.format import ShardIndex
@@ -41,7 +42,7 @@ from ..urls import expand_urls, redact_text, redact_url, scheme_of
 from .epoch import Planner
 from .fluid import FluidPipeline
 from .handlers import resolve_handler
-from .pipeline import split_by_node, split_by_worker, stream_samples
+from .pipeline import deliver, split_by_node, split_by_worker, stream_samples
 
 __all__ = ["WebDataset"]
 
@@ -50,6 +51,8 @@ log = logging.getLogger("wds_async")
 
 class WebDataset(FluidPipeline):
     """Samples of WebDataset tar shards, streamed by the async engine.
+
+    (A mix of datasets reads its sources' copies on one engine of its own: :mod:`wds_async.data.mix`.)
 
     Args:
         urls: a brace pattern, ``::``-joined patterns, a glob, or a sequence of URLs.
@@ -111,6 +114,9 @@ class WebDataset(FluidPipeline):
             the service cannot run (``select_files``, ``rename_files``, ``backends`` instances) are a
             ``ValueError`` here.
     """
+
+    #: Set on the copies a mix makes of its sources: the mix's engine and this source's route in it.
+    _shared: tuple[SharedEngine, int] | None = None
 
     def __init__(
         self,
@@ -231,17 +237,26 @@ class WebDataset(FluidPipeline):
     def _source_state(self, run: Any) -> dict[str, Any]:
         return self._planner.source_state(run.source if run is not None else None)
 
-    def _engine(self, items: Any, stats: Stats, **callbacks: Any) -> Generator[Any, None, None]:
+    def _stream_spec(self) -> tuple[StreamSpec, Any]:
+        """How this process reads now: the spec for an engine, and this process's share of the node."""
         config, share = share_config(self.config, node_connections=self.node_connections,
                                      node_buffered_bytes=self.node_buffered_bytes, explicit=self._explicit)
         if config.autotune and self._tuned:  # a new epoch starts where the last one's autotuner settled
             config = config.replace(start_connections=self._tuned)
-        stats.node_share = share.as_dict()
         path = self._service_path()
         settings = service_settings(config, share.processes, self._explicit) if path is not None else None
         spec = StreamSpec(config, self.handler, self.select_files, self.rename_files, backends=self._backends,
                           backend_options=self._backend_options, cache=self.cache, log_interval=self.log_interval,
                           service=path, service_settings=settings)
+        return spec, share
+
+    def _engine(self, items: Any, stats: Stats, *, shared: bool = True,
+                **callbacks: Any) -> Generator[Any, None, None]:
+        if shared and self._shared is not None:  # a source of a mix: read on the mix's engine
+            engine, route = self._shared
+            return deliver(engine.batches(items, route), **callbacks)
+        spec, share = self._stream_spec()
+        stats.node_share = share.as_dict()
         return stream_samples(items, spec, stats=stats, **callbacks)
 
     def _service_path(self) -> str | None:
@@ -262,7 +277,7 @@ class WebDataset(FluidPipeline):
         wanted = {(ep.item(item_id).shard, offset) for item_id, offset, _ in positions}
         items = self._planner.reread_items(ep, positions)
         found: dict[tuple[int, int], Any] = {}
-        samples = self._engine(items, Stats())
+        samples = self._engine(items, Stats(), shared=False)  # a restore reads on an engine of its own
         set_path = _path_setter() if self._local else None
         try:
             for sample in samples:
@@ -289,7 +304,7 @@ class WebDataset(FluidPipeline):
         previous = self._stats_box[0]
         if previous is not None and previous.concurrency:
             self._tuned = previous.concurrency
-        stats = Stats()
+        stats = self._shared[0].stats if self._shared is not None else Stats()
         self._stats_box[0] = stats
         todo = ep.todo()
         if isinstance(ep.items, list):

@@ -1,98 +1,469 @@
-"""Mixing several datasets into one stream: :class:`RoundRobin` and :class:`RandomMix` (webdataset's names,
-arguments and draws).
+"""Mixing several datasets into one stream: :class:`RandomMix` and :class:`RoundRobin` (webdataset's names,
+arguments and draws), on one engine, resumable from a checkpoint.
 
-Each takes any iterables (WebDatasets, DataPipelines, lists) and starts a fresh iterator over every one on
-each ``iter()``. Both are fluid pipelines, so ``RandomMix([a, b], [3, 1]).shuffle(1000).batched(64)`` works
-without webdataset's ``FluidWrapper``. Neither can resume from a checkpoint: the mix has no positions.
+Both take any iterables (WebDatasets and their pipelines, DataPipelines, lists) and start a fresh pass over every
+one on each ``iter()``. Both are fluid pipelines, so ``RandomMix([a, b], [3, 1]).batched(64)`` works without
+webdataset's ``FluidWrapper``.
 
-``RandomMix`` draws from the global ``random`` module exactly as webdataset 1.0.2 does, one
-``random.random()`` per item, so ``random.seed(n)`` reproduces webdataset's mix.
+Draws
+    ``RandomMix(..., seed=None)`` (the default) draws from the global ``random`` module exactly as webdataset
+    1.0.2 does, one ``random.random()`` per item, so ``random.seed(n)`` gives webdataset's sequence of sources.
+    With a ``seed`` the mix draws from its own generator, seeded by ``(seed, epoch, DataLoader worker)`` (every
+    rank draws the same sequence, so ranks whose sources hold equal shares end an epoch together), and by default
+    *balanced*: source ``i``'s ``k``-th item is due at ``(k + u) / w_i`` with a fresh uniform ``u``, and the
+    source due first is drawn. Each source then stays within two items of its weight over any stretch of the
+    stream, where independent draws drift by ``sqrt(w (1 - w) n)`` (about 14 items in 1,000 at ``w = 0.3``);
+    ``draws="independent"`` gives independent draws from the seeded generator instead.
+
+One engine
+    The WebDataset sources of a mix that read from stores with the same options are read on one
+    :class:`~wds_async.engine.shared.SharedEngine` for the whole pass: one byte budget, one limiter and autotuner,
+    one connection pool per store, with each source prefetching in proportion to its weight. Sources with other
+    backend options, backends or cache get an engine per such group; sources read through the node service share
+    the service's engine; other iterables (a ``DataPipeline`` with its own tar stage, a list) run as they are.
+
+Checkpoints
+    ``state_dict()`` holds each source's own state (where its shards stand, its shuffle buffer), the draws'
+    generator and which sources ran out; ``load_state_dict()`` continues the same sequence, in this process or a
+    fresh one, through ``StatefulDataLoader`` and under torchrun. :func:`~wds_async.merge_states` re-splits a mix
+    for another world size: every source's remaining samples exactly once, the draws restarted with the weights.
+    A mix with ``seed=None`` draws from the global generator, which no checkpoint can restore: its states say so
+    and loading one is refused. Stateful stages appended to the mix itself (``mix.shuffle(n)``) cannot be
+    checkpointed while they hold items (put the shuffle in the sources).
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
+import copy
 import itertools
+import math
 import random
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from ..engine.shared import SharedEngine
+from ..engine.spec import StreamSpec
+from ..stats import SharedStats, Stats
 from .fluid import FluidPipeline
+from .topology import worker_info
 
 __all__ = ["RandomMix", "RoundRobin"]
 
-
-def _no_resume(pipeline: FluidPipeline, resume: Any) -> None:
-    if resume is not None:
-        raise ValueError(f"a {type(pipeline).__name__} cannot resume from a state: a mix has no source positions")
+_DRAWS = ("balanced", "independent")
 
 
-def _round_robin(sources: list[Iterator[Any]], longest: bool) -> Iterator[Any]:
-    """One item from each source in turn. Shortest: stop at the first exhausted source. Longest: drop
-    exhausted sources and go on with the rest."""
-    i = 0
-    while sources:
-        i %= len(sources)
+# -- choosers: which source gives the next item --------------------------------------------------------------
+class _Chooser:
+    """Picks the next source among ``active`` (indices of sources not run out); state for checkpoints."""
+
+    def pick(self, active: list[int]) -> int:
+        raise NotImplementedError
+
+    def state(self) -> dict[str, Any]:
+        return {}
+
+    def load(self, state: dict[str, Any]) -> None:
+        return None
+
+
+class _GlobalDraws(_Chooser):
+    """webdataset 1.0.2's draws: one ``random.random()`` of the global generator per item, searched in the
+    cumulative weights of the sources still active (renormalised)."""
+
+    def __init__(self, weights: Sequence[float]) -> None:
+        self.weights = weights
+
+    def pick(self, active: list[int]) -> int:
+        weights = [self.weights[i] for i in active]
+        total, r = sum(weights), random.random()
+        if total <= 0:
+            return active[0]  # only zero-weight sources are left (longest=True): drained in order, as webdataset
+        cumulative = list(itertools.accumulate(w / total for w in weights))
+        # The first cumulative weight >= r, like numpy's searchsorted; rounding cannot overrun.
+        return active[min(bisect.bisect_left(cumulative, r), len(active) - 1)]
+
+    def state(self) -> dict[str, Any]:
+        return {"global": True}
+
+
+def _rng_state(rng: random.Random) -> list[Any]:
+    version, internal, gauss = rng.getstate()
+    return [version, list(internal), gauss]
+
+
+def _set_rng(rng: random.Random, state: list[Any]) -> None:
+    rng.setstate((state[0], tuple(state[1]), state[2]))
+
+
+class _IndependentDraws(_GlobalDraws):
+    """The same draws from a generator of the mix's own."""
+
+    def __init__(self, weights: Sequence[float], seed: str) -> None:
+        super().__init__(weights)
+        self.rng = random.Random(seed)
+
+    def pick(self, active: list[int]) -> int:
+        weights = [self.weights[i] for i in active]
+        total, r = sum(weights), self.rng.random()
+        if total <= 0:
+            return active[0]
+        cumulative = list(itertools.accumulate(w / total for w in weights))
+        return active[min(bisect.bisect_left(cumulative, r), len(active) - 1)]
+
+    def state(self) -> dict[str, Any]:
+        return {"rng": _rng_state(self.rng)}
+
+    def load(self, state: dict[str, Any]) -> None:
+        _set_rng(self.rng, state["rng"])
+
+
+class _BalancedDraws(_Chooser):
+    """Source ``i``'s ``k``-th item is due at ``(k + u) / w_i`` (``u`` uniform, fresh per item); the source due
+    first is drawn (see the module docstring). Zero-weight sources are never due; they are drained in order
+    once they are all that is left."""
+
+    def __init__(self, weights: Sequence[float], seed: str) -> None:
+        self.weights = weights
+        self.rng = random.Random(seed)
+        self.count = [0] * len(weights)
+        self.due = [self._due(i) for i in range(len(weights))]
+
+    def _due(self, i: int) -> float:
+        u = self.rng.random()
+        return (self.count[i] + u) / self.weights[i] if self.weights[i] > 0 else math.inf
+
+    def pick(self, active: list[int]) -> int:
+        i = min(active, key=lambda j: (self.due[j], j))
+        if self.weights[i] > 0:
+            self.count[i] += 1
+            self.due[i] = self._due(i)
+        return i
+
+    def state(self) -> dict[str, Any]:
+        return {"rng": _rng_state(self.rng), "count": list(self.count),
+                "due": [d if math.isfinite(d) else None for d in self.due]}
+
+    def load(self, state: dict[str, Any]) -> None:
+        _set_rng(self.rng, state["rng"])
+        self.count = [int(c) for c in state["count"]]
+        self.due = [math.inf if d is None else float(d) for d in state["due"]]
+
+
+class _Turns(_Chooser):
+    """Round robin: the sources in turn, skipping those that ran out."""
+
+    def __init__(self) -> None:
+        self.next = 0
+
+    def pick(self, active: list[int]) -> int:
+        at = bisect.bisect_left(active, self.next)
+        i = active[at] if at < len(active) else active[0]
+        self.next = i + 1
+        return i
+
+    def state(self) -> dict[str, Any]:
+        return {"next": self.next}
+
+    def load(self, state: dict[str, Any]) -> None:
+        self.next = int(state["next"])
+
+
+def _draw(iterators: list[Iterator[Any]], chooser: _Chooser, longest: bool, ended: set[int]) -> Iterator[Any]:
+    """Items of ``iterators`` in the order ``chooser`` picks them. A picked iterator that has run out is added
+    to ``ended`` and ends the stream, or with ``longest`` is dropped and the rest go on."""
+    active = [i for i in range(len(iterators)) if i not in ended]
+    while active:
+        i = chooser.pick(active)
         try:
-            item = next(sources[i])
+            item = next(iterators[i])
         except StopIteration:
+            ended.add(i)
             if not longest:
                 return
-            del sources[i]
+            active.remove(i)
             continue
-        i += 1
         yield item
 
 
-class RoundRobin(FluidPipeline):
-    """Items from ``datasets`` in turn: one from the first, one from the second, ... Ends when any dataset
-    ends, or with ``longest=True`` when all have."""
-
-    def __init__(self, datasets: Sequence[Iterable[Any]], longest: bool = False) -> None:
-        super().__init__()
-        self.datasets = datasets
-        self.longest = longest
-
-    def _source(self, run: Any, resume: Any) -> Iterator[Any]:
-        _no_resume(self, resume)
-        return _round_robin([iter(d) for d in self.datasets], self.longest)
+def _round_robin(sources: list[Iterator[Any]], longest: bool) -> Iterator[Any]:
+    """webdataset's ``round_robin_shortest`` / ``round_robin_longest`` over iterators."""
+    return _draw(sources, _Turns(), longest, set())
 
 
 def _random_samples(sources: list[Iterator[Any]], probs: Sequence[float] | None, longest: bool) -> Iterator[Any]:
-    """Draw a source per item with probabilities ``probs`` (default: equal). Ends when the drawn source is
-    exhausted, or with ``longest`` drops it and renormalises over the rest."""
-    weights = [1.0] * len(sources) if probs is None else [float(p) for p in probs]
-    if len(weights) != len(sources):
-        raise ValueError(f"RandomMix: {len(weights)} probabilities for {len(sources)} datasets")
-    if any(w < 0 for w in weights) or (sources and sum(weights) <= 0):
-        raise ValueError(f"RandomMix: probabilities must be non-negative with a positive sum, got {weights}")
-    while sources:
-        total, r = sum(weights), random.random()
-        if total > 0:
-            cumulative = list(itertools.accumulate(w / total for w in weights))
-            # The index of the first cumulative weight >= r, like numpy's searchsorted; rounding cannot overrun.
-            i = min(bisect.bisect_left(cumulative, r), len(sources) - 1)
-        else:
-            i = 0  # only zero-probability sources are left (longest=True): drain them in order, as webdataset does
+    """webdataset's ``random_samples`` over iterators: global ``random`` draws with ``probs`` (default equal)."""
+    yield from _draw(sources, _GlobalDraws(_check_weights("random_samples", probs, len(sources))), longest, set())
+
+
+# -- sources -------------------------------------------------------------------------------------------------
+class _Counted:
+    """A plain iterable as a source: its state is how many items were taken; a resume skips that many."""
+
+    def __init__(self, data: Iterable[Any]) -> None:
+        self.data = data
+        self.taken = 0
+        self._skip = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        it = iter(self.data)
+        for _ in range(self._skip):
+            if next(it, _MISSING) is _MISSING:
+                raise ValueError(f"cannot resume a mix: its source {self.data!r} has fewer than {self._skip} items now")
+        self.taken, self._skip = self._skip, 0
+        for item in it:
+            self.taken += 1
+            yield item
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"taken": self.taken}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._skip = int(state["taken"])
+
+
+_MISSING = object()
+
+
+def _fingerprint(data: Any) -> str:
+    planner = getattr(data, "_planner", None)
+    if planner is not None:
+        return str(planner.fingerprint)
+    return type(data).__name__
+
+
+class _MixPass:
+    """One pass of a mix: its sources (copies bound to its engines), the chooser and what ran out."""
+
+    def __init__(self, sources: list[Any], chooser: _Chooser, engines: list[SharedEngine], epoch: int,
+                 seed_text: str | None) -> None:
+        self.sources = sources
+        self.chooser = chooser
+        self.engines = engines
+        self.ended: set[int] = set()
+        self.epoch = epoch
+        self.seed_text = seed_text
+
+
+class _Mix(FluidPipeline):
+    """What :class:`RandomMix` and :class:`RoundRobin` share (see the module docstring)."""
+
+    _kind = "mix"
+
+    def __init__(self, datasets: Sequence[Iterable[Any]], weights: Sequence[float] | None, longest: bool,
+                 seed: Any, draws: str) -> None:
+        super().__init__()
+        self.datasets = list(datasets)
+        if not self.datasets:
+            raise ValueError(f"{type(self).__name__} needs at least one dataset")
+        self.weights = _check_weights(type(self).__name__, weights, len(self.datasets))
+        self.longest = longest
+        self.seed = seed
+        if draws not in _DRAWS:
+            raise ValueError(f"{type(self).__name__}: draws must be one of {_DRAWS}, not {draws!r}")
+        self.draws = draws
+        self.epoch = 0
+        self._stats_box: list[Stats | None] = [None]
+        self._worker_stats = SharedStats()  # created before DataLoader workers fork, as a WebDataset's
+        self._tuned = 0
+
+    # -- what subclasses choose ----------------------------------------------------------------------
+    def _chooser(self, seed_text: str | None) -> _Chooser:
+        raise NotImplementedError
+
+    def _seed_text(self) -> str | None:
+        if self.seed is None:
+            return None
+        worker, _ = worker_info()
+        return f"wds-async-mix:{self.seed}:{self.epoch}:{worker}"
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch of the mix (its draws) and of every source that has epochs."""
+        self.epoch = epoch
+        for data in self.datasets:
+            if hasattr(data, "set_epoch"):
+                data.set_epoch(epoch)
+
+    # -- a pass ----------------------------------------------------------------------------------------
+    def _source(self, run: Any, resume: dict[str, Any] | None) -> Iterator[Any]:
+        saved = self._saved(resume)
+        elastic = saved is not None and saved.get("elastic", False)
+        epoch = int(saved["epoch"]) if saved is not None and not elastic else self.epoch
+        sources = [copy.copy(d) if isinstance(d, FluidPipeline) else _Counted(d) for d in self.datasets]
+        seed_text = self._seed_text() if saved is None or elastic else saved["seed_text"]
+        chooser = self._chooser(seed_text)
+        mix = _MixPass(sources, chooser, [], epoch, seed_text)
+        run.source = mix
+        if saved is not None:
+            for source, state in zip(sources, saved["sources"]):
+                if state is not None:
+                    source.load_state_dict(state)
+            if not elastic:
+                chooser.load(saved["chooser"])
+                mix.ended = {int(i) for i in saved["ended"]}
+        mix.engines = self._bind(sources, fresh=saved is None)
+        return self._items(mix)
+
+    def _bind(self, sources: list[Any], fresh: bool) -> list[SharedEngine]:
+        """Put the WebDataset sources on shared engines, one per group of compatible stores (see the module
+        docstring), and prime each with its first items when the pass starts afresh."""
+        from .dataset import WebDataset
+
+        groups: list[tuple[StreamSpec, list[int]]] = []
+        for i, source in enumerate(sources):
+            if not isinstance(source, WebDataset) or (self.weights[i] <= 0 and not self.longest):
+                continue
+            spec, _share = source._stream_spec()
+            if spec.service is not None:
+                continue  # read through the node service, whose engine all its clients share already
+            for group_spec, members in groups:
+                if _compatible(group_spec, spec):
+                    members.append(i)
+                    break
+            else:
+                groups.append((spec, [i]))
+        engines = []
+        stats = Stats()
+        self._stats_box[0] = stats
+        for spec, members in groups:
+            config = spec.config
+            if config.autotune and self._tuned:
+                config = config.replace(start_connections=self._tuned)
+            rules = tuple(sources[i]._stream_spec()[0] if k else spec for k, i in enumerate(members))
+            engine = SharedEngine(StreamSpec(config, spec.handler, spec.select_files, spec.rename_files,
+                                             backends=spec.backends, backend_options=spec.backend_options,
+                                             cache=spec.cache, log_interval=spec.log_interval, routes=rules),
+                                  stats, [self.weights[i] for i in members])
+            engines.append(engine)
+            for route, i in enumerate(members):
+                sources[i]._shared = (engine, route)
+                if fresh:
+                    with contextlib.suppress(Exception):  # a plan that cannot be previewed is read unprimed
+                        engine.prime(route, iter(sources[i].work_items()))
+        return engines
+
+    def _items(self, mix: _MixPass) -> Iterator[Any]:
+        iterators = [iter(source) for source in mix.sources]
+        stop_publishing = self._worker_stats.publish(self._stats_box[0] or Stats())
         try:
-            yield next(sources[i])
-        except StopIteration:
-            if not longest:
-                return
-            del sources[i], weights[i]
+            yield from _draw(iterators, mix.chooser, self.longest, mix.ended)
+        finally:
+            stop_publishing()
+            for it in iterators:
+                close = getattr(it, "close", None)
+                if close is not None:
+                    close()
+            for engine in mix.engines:
+                engine.close()
+            stats = self._stats_box[0]
+            if stats is not None and stats.concurrency:
+                self._tuned = stats.concurrency
+
+    # -- checkpoints -----------------------------------------------------------------------------------
+    def _identity(self) -> dict[str, Any]:
+        return {"mix": self._kind, "weights": list(self.weights), "longest": self.longest,
+                "datasets": [_fingerprint(d) for d in self.datasets], "draws": self.draws,
+                "seeded": self.seed is not None}
+
+    def _source_state(self, run: Any) -> dict[str, Any] | None:
+        mix = run.source if run is not None else None
+        if mix is None:
+            return None
+        return {**self._identity(), "epoch": mix.epoch, "seed_text": mix.seed_text, "chooser": mix.chooser.state(),
+                "ended": sorted(mix.ended), "sources": [source.state_dict() for source in mix.sources]}
+
+    def _saved(self, resume: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The mix's part of ``resume``, checked against this mix (None: start afresh)."""
+        if resume is None:
+            return None
+        saved = resume.get("source")
+        if saved is None:
+            return None
+        name = type(self).__name__
+        if not isinstance(saved, dict) or "mix" not in saved:
+            raise ValueError(f"{name}: the state is not a mix's (load the state of the mix that saved it)")
+        mine = self._identity()
+        for key, what in (("mix", "kind of mix"), ("datasets", "datasets (their shards, in order)"),
+                          ("weights", "weights"), ("longest", "longest"), ("draws", "draws")):
+            if saved[key] != mine[key]:
+                raise ValueError(f"{name}: the state is from a mix with other {what} ({saved[key]!r}, this one "
+                                 f"has {mine[key]!r}); load it into the mix that saved it")
+        if not saved["seeded"] and not saved.get("elastic", False):
+            raise ValueError(f"{name}: the state is from a mix without a seed, whose draws came from the global "
+                             "random module, which no checkpoint restores; give the mix a seed (seed=...) "
+                             "to resume it exactly")
+        return dict(saved)
+
+    def stats(self) -> dict[str, Any]:
+        """The counters of the mix's engine in the latest pass (see :meth:`wds_async.WebDataset.stats`)."""
+        return self._worker_stats.combined(self._stats_box[0])
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({len(self.datasets)} datasets, weights={self.weights}, longest={self.longest})"
 
 
-class RandomMix(FluidPipeline):
+def _compatible(a: StreamSpec, b: StreamSpec) -> bool:
+    """Whether two sources can share one engine: the same backends, options per scheme and cache (the engine's
+    settings, its byte budget and connections, are those of the first source of the group)."""
+    return (a.backends is b.backends or (not a.backends and not b.backends)) and \
+        _options(a.backend_options) == _options(b.backend_options) and a.cache is b.cache
+
+
+def _options(options: Any) -> Any:
+    return repr(sorted((options or {}).items(), key=lambda kv: str(kv[0])))
+
+
+def _check_weights(name: str, weights: Sequence[float] | None, count: int) -> list[float]:
+    if weights is None:
+        return [1.0] * count
+    try:
+        values = [float(w) for w in weights]
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}: weights must be numbers, got {weights!r}") from None
+    if len(values) != count:
+        raise ValueError(f"{name}: {len(values)} weights (probabilities) for {count} datasets")
+    bad = [i for i, w in enumerate(values) if not (w >= 0 and math.isfinite(w))]
+    if bad:
+        raise ValueError(f"{name}: the weight of dataset {bad[0]} is {values[bad[0]]!r}; weights must be finite "
+                         "and non-negative")
+    if sum(values) <= 0:
+        raise ValueError(f"{name}: the weights are all zero; at least one dataset needs a positive weight")
+    return values
+
+
+class RandomMix(_Mix):
     """Items drawn at random from ``datasets``, dataset ``i`` with probability ``probs[i] / sum(probs)``
-    (default: equal). Ends when a drawn dataset is exhausted, or with ``longest=True`` when all are."""
+    (default: equal). Ends when a drawn dataset is exhausted, or with ``longest=True`` when all are.
+
+    ``seed=None`` draws as webdataset 1.0.2 does, from the global ``random`` module (not resumable); a ``seed``
+    draws from the mix's own generator, ``draws="balanced"`` (default: every source within two items of its
+    weight over any stretch) or ``"independent"``. See :mod:`wds_async.data.mix`.
+    """
+
+    _kind = "random"
 
     def __init__(self, datasets: Sequence[Iterable[Any]], probs: Sequence[float] | None = None,
-                 longest: bool = False) -> None:
-        super().__init__()
-        self.datasets = datasets
+                 longest: bool = False, *, seed: Any = None, draws: str = "balanced") -> None:
+        super().__init__(datasets, probs, longest, seed, draws)
         self.probs = probs
-        self.longest = longest
 
-    def _source(self, run: Any, resume: Any) -> Iterator[Any]:
-        _no_resume(self, resume)
-        return _random_samples([iter(d) for d in self.datasets], self.probs, self.longest)
+    def _chooser(self, seed_text: str | None) -> _Chooser:
+        if seed_text is None:
+            return _GlobalDraws(self.weights)
+        if self.draws == "independent":
+            return _IndependentDraws(self.weights, seed_text)
+        return _BalancedDraws(self.weights, seed_text)
+
+
+class RoundRobin(_Mix):
+    """Items from ``datasets`` in turn: one from the first, one from the second, ... Ends when any dataset
+    ends, or with ``longest=True`` when all have (the others go on in turn). Always resumable."""
+
+    _kind = "round_robin"
+
+    def __init__(self, datasets: Sequence[Iterable[Any]], longest: bool = False) -> None:
+        super().__init__(datasets, None, longest, seed=0, draws="balanced")
+
+    def _chooser(self, seed_text: str | None) -> _Chooser:
+        return _Turns()

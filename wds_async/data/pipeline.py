@@ -33,7 +33,7 @@ from .stages.base import Stage
 from .topology import node_info, worker_info
 
 __all__ = [
-    "DataPipeline", "FluidWrapper", "WebLoader", "node_info", "split_by_node", "split_by_worker", "stream_samples",
+    "DataPipeline", "FluidWrapper", "WebLoader", "deliver", "node_info", "split_by_node", "split_by_worker", "stream_samples",
     "tarfile_samples", "tarfile_to_samples", "worker_info",
 ]
 
@@ -77,6 +77,15 @@ def stream_samples(urls: Iterable[Any], spec: StreamSpec, *, stats: Stats | None
                         spec, stats)
         bridge.start()
         batches, close = bridge.batches(), bridge.close
+    yield from deliver(batches, close, on_sample=on_sample, on_item_done=on_item_done)
+
+
+def deliver(batches: Iterator[list[Any]], close: Callable[[], None] | None = None, *,
+            on_sample: Callable[[Any], None] | None = None,
+            on_item_done: Callable[[int], None] | None = None) -> Generator[Any, None, None]:
+    """The samples in ``batches`` (lists of samples, end-of-item markers and errors, as a bridge hands them
+    over), with the callbacks of :func:`stream_samples`; errors are raised in position. ``close()`` (and the
+    batches' own ``close``) runs when the generator ends for any reason."""
     try:
         for batch in batches:
             for item in batch:
@@ -92,7 +101,11 @@ def stream_samples(urls: Iterable[Any], spec: StreamSpec, *, stats: Stats | None
                     on_sample(item)
                 yield item
     finally:
-        close()
+        stop = getattr(batches, "close", None)
+        if stop is not None:
+            stop()
+        if close is not None:
+            close()
 
 
 def tarfile_samples(src: Iterable[Any], handler: Callable[[BaseException], bool] | str | None = reraise_exception,

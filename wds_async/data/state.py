@@ -165,6 +165,8 @@ def merge_states(states: Iterable[Any]) -> dict[str, Any]:
     if not found:
         raise ValueError("merge_states: no wds-async dataset state found in what was given")
     first = found[0]
+    if isinstance(first.get("source"), dict) and "mix" in first["source"]:
+        return _merge_mixes(found)
     epochs = {state["source"]["epoch"] for state in found} - {None}  # None: saved before its first sample
     if len(epochs) > 1:
         raise ValueError(f"merge_states: the states are from epochs {sorted(epochs)}; they are not from one epoch")
@@ -183,3 +185,31 @@ def merge_states(states: Iterable[Any]) -> dict[str, Any]:
         raise ValueError(f"merge_states: the old job had {count} loader processes (ranks x workers) but the states "
                          f"of processes {missing[:8]} are missing; an elastic resume needs every rank's checkpoint")
     return {"wds_async": STATE_VERSION, "elastic": [seen[i] for i in range(count)]}
+
+
+def _merge_mixes(found: list[dict[str, Any]]) -> dict[str, Any]:
+    """:func:`merge_states` for the states of a mix (:mod:`wds_async.data.mix`): each source's states merged as
+    a dataset's are; the new processes restart the draws with the mix's weights."""
+    mixes = [state["source"] for state in found]
+    if any(mix is None for mix in mixes):
+        raise ValueError("merge_states: a mix's state was saved before its first sample; with nothing delivered, "
+                         "start the new job afresh instead")
+    first = mixes[0]
+    for mix in mixes[1:]:
+        for key in ("mix", "datasets", "weights", "longest", "draws"):
+            if mix.get(key) != first.get(key):
+                raise ValueError(f"merge_states: the mix states disagree on {key!r} ({first.get(key)!r} vs "
+                                 f"{mix.get(key)!r}); they are not from one job")
+    sources: list[dict[str, Any] | None] = []
+    for i in range(len(first["sources"])):
+        saved = [mix["sources"][i] for mix in mixes]
+        if any(not isinstance(state, dict) or state.get("wds_async") != STATE_VERSION for state in saved):
+            raise ValueError(f"merge_states: source {i} of the mix is not a WebDataset (a list or a DataPipeline); "
+                             "an elastic resume re-splits WebDataset sources only")
+        if all(state is None or state.get("source") is None for state in saved):
+            sources.append(None)  # this source had not started anywhere: it starts afresh
+            continue
+        sources.append(merge_states(saved))
+    identity = {key: first[key] for key in ("mix", "datasets", "weights", "longest", "draws", "seeded")}
+    return {"wds_async": STATE_VERSION, "elastic": "mix",
+            "source": {**identity, "elastic": True, "sources": sources}}

@@ -27,6 +27,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import threading
@@ -41,7 +42,7 @@ from ..errors import EngineError
 from ..io import BackendSet
 from ..io.budget import ByteBudget
 from ..stats import Stats
-from .channel import SampleChannel
+from .channel import RoutedChannel, SampleChannel
 from .engine import Engine
 from .failures import translate
 from .feed import ItemFeed
@@ -63,10 +64,13 @@ _JOIN_TIMEOUT = 10.0
 
 class Bridge:
     """Runs an :class:`Engine` over ``urls`` in a loop thread and hands its samples to the caller. ``urls`` may be
-    an :class:`~wds_async.engine.feed.ItemFeed` that other threads submit items to while the engine runs."""
+    an :class:`~wds_async.engine.feed.ItemFeed` that other threads submit items to while the engine runs.
+    ``routes`` > 0 gives the engine a :class:`~wds_async.engine.channel.RoutedChannel` with that many routes,
+    each taken with ``batches(route)`` (the items then name their route)."""
 
-    def __init__(self, urls: Iterable[str] | ItemFeed, spec: StreamSpec, stats: Stats) -> None:
+    def __init__(self, urls: Iterable[str] | ItemFeed, spec: StreamSpec, stats: Stats, *, routes: int = 0) -> None:
         self._urls = urls
+        self._routes = routes
         self._spec = spec
         self._config = spec.config
         self._stats = stats
@@ -112,7 +116,9 @@ class Bridge:
         try:
             self._stop_event = asyncio.Event()
             budget = ByteBudget(self._config.max_buffered_bytes)
-            channel = SampleChannel(budget, ordered=self._config.deterministic)
+            ordered = self._config.deterministic
+            channel = (RoutedChannel(budget, ordered=ordered, routes=self._routes) if self._routes else
+                       SampleChannel(budget, ordered=ordered))
             spec = self._spec
             backends = BackendSet(self._config, spec.backends, spec.backend_options)
             engine = Engine(self._urls, spec, backends=backends, channel=channel, stats=self._stats,
@@ -132,9 +138,15 @@ class Bridge:
             channel.abandon()
             await backends.aclose()
 
+    @property
+    def channel(self) -> SampleChannel | None:
+        """The engine's channel, once started."""
+        return self._channel
+
     # -- consumer thread -----------------------------------------------------------------------
-    def batches(self) -> Iterator[list[Any]]:
-        """Yield lists of items (samples, or exceptions to raise) until the engine is done.
+    def batches(self, route: int | None = None) -> Iterator[list[Any]]:
+        """Yield lists of items (samples, or exceptions to raise) until the engine is done; with ``routes``,
+        those of ``route`` until it ended.
 
         Items are taken straight from the channel under its lock; the loop thread is only *notified*
         (bytes released, waiters woken), so a busy loop never delays the consumer.
@@ -143,6 +155,11 @@ class Bridge:
             raise EngineError("Bridge.batches() before start()")
         channel, stats, thread = self._channel, self._stats, self._thread
         budget = channel.budget
+        take = channel.take
+        if route is not None:
+            if not isinstance(channel, RoutedChannel):
+                raise EngineError("Bridge.batches(route) on a bridge started without routes")
+            take = functools.partial(channel.take_route, route)
         max_items, max_bytes = self._config.handoff_max_samples, self._config.handoff_bytes
 
         def release(nbytes: int) -> None:
@@ -155,7 +172,7 @@ class Bridge:
             if os.getpid() != self._pid:
                 raise EngineError("a wds-async iterator cannot be used across fork(); create it in the child")
             started = time.perf_counter()
-            items, done = channel.take(max_items, max_bytes, _POLL, release, starving)
+            items, done = take(max_items, max_bytes, _POLL, release, starving)
             if not items and not done and not thread.is_alive():
                 raise self._thread_died()
             stats.wait_seconds += time.perf_counter() - started

@@ -11,6 +11,12 @@
     of data (a handler's "stop") travel through the channel as values, in position; an error or a stop ends
     the channel. :meth:`SampleChannel.abandon` (the consumer is gone) drops what is queued, returns its bytes
     to the budget and makes every later ``put`` raise :class:`ChannelClosed`.
+
+:class:`RoutedChannel`
+    One channel per *route* (a source of a mix) under one byte budget, each taken by its own consumer
+    (:meth:`RoutedChannel.take_route`), so that the sources of a mix share one engine while each delivers its
+    own items in its own order. A work item names its route (``WorkItem.route``); an error that belongs to no
+    item (the engine failed) reaches every route.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from typing import Any
 
 from ..io.budget import ByteBudget
 
-__all__ = ["ChannelClosed", "SampleChannel"]
+__all__ = ["ChannelClosed", "RoutedChannel", "SampleChannel"]
 
 
 class ChannelClosed(Exception):
@@ -70,7 +76,8 @@ class SampleChannel:
         self._getter: asyncio.Future[None] | None = None
 
     # -- reader side (loop thread) -----------------------------------------------------------
-    def open_shard(self, token: object) -> None:
+    def open_shard(self, token: object, route: int | None = None) -> None:
+        """Place a work item (``token``) in line; ``route`` is for a :class:`RoutedChannel` and ignored here."""
         if self.ordered:
             slot = _Slot(collections.deque())
             with self._lock:
@@ -128,6 +135,11 @@ class SampleChannel:
     @property
     def abandoned(self) -> bool:
         return self._abandoned
+
+    @property
+    def stopped(self) -> bool:
+        """The consumer took an error or a stop: the data ended there."""
+        return self._stopped
 
     def abandon(self) -> None:
         """The consumer is gone: drop everything and refuse new samples."""
@@ -233,3 +245,95 @@ class SampleChannel:
         with self._lock:
             queued = len(self._ready) + sum(len(s.items) for _, s in self._slots)
             return {"queued_items": queued, "open_shards": len(self._slots)}
+
+
+class RoutedChannel(SampleChannel):
+    """A channel per route, all counted in one :class:`ByteBudget` (see the module docstring).
+
+    The engine sees one channel: it opens each item with its route and puts into it by token as usual. Each
+    route is a :class:`SampleChannel` in the same mode, so within a route the order rules are the ordinary
+    ones. A route's consumer calls :meth:`take_route`; the route it last asked for is the one whose head may
+    overdraw the budget (:meth:`starving_for`), as the single consumer's head may in a plain channel.
+    """
+
+    def __init__(self, budget: ByteBudget, *, ordered: bool, routes: int) -> None:
+        super().__init__(budget, ordered=ordered)
+        if routes < 1:
+            raise ValueError(f"a routed channel needs at least one route, got {routes}")
+        self.routes = [SampleChannel(budget, ordered=ordered) for _ in range(routes)]
+        self._route_of: dict[object, int | None] = {}
+        #: The first error put into any route: what another route's consumer reports when the engine ends early.
+        self.failure: BaseException | None = None
+        #: The route whose consumer asked last (written by consumer threads, read by the loop: a hint only).
+        self.waiting: int | None = None
+
+    def _targets(self, token: object) -> list[SampleChannel]:
+        route = self._route_of.get(token)
+        return self.routes if route is None else [self.routes[route]]
+
+    # -- reader side (loop thread) -----------------------------------------------------------
+    def open_shard(self, token: object, route: int | None = None) -> None:
+        if route is not None and not 0 <= route < len(self.routes):
+            raise ValueError(f"route {route} of a channel with {len(self.routes)} routes")
+        self._route_of[token] = route
+        for channel in self._targets(token):
+            channel.open_shard(token)
+
+    def put(self, token: object, sample: Any, nbytes: int) -> None:
+        route = self._route_of.get(token)
+        if route is None:
+            raise ValueError("a sample put into a routed channel under a token opened without a route")
+        self.routes[route].put(token, sample, nbytes)
+
+    def put_error(self, token: object, error: BaseException) -> None:
+        if self.failure is None:
+            self.failure = error
+        for channel in self._targets(token):
+            channel.put_error(token, error)
+
+    def put_stop(self, token: object) -> None:
+        for channel in self._targets(token):
+            channel.put_stop(token)
+
+    def close_shard(self, token: object) -> None:
+        for channel in self._targets(token):
+            channel.close_shard(token)
+        self._route_of.pop(token, None)
+
+    def finish(self) -> None:
+        for channel in self.routes:
+            channel.finish()
+
+    def starving_for(self, token: object) -> bool:
+        route = self._route_of.get(token)
+        return route is not None and route == self.waiting and self.routes[route].starving_for(token)
+
+    def abandon(self) -> None:
+        super().abandon()  # the whole channel: ``abandoned`` is true from now on
+        for channel in self.routes:
+            channel.abandon()
+
+    def abandon_route(self, route: int) -> None:
+        """``route``'s consumer is gone: drop its samples; its readers stop at their next put."""
+        self.routes[route].abandon()
+
+    # -- consumer side -----------------------------------------------------------------------
+    def take(self, max_items: int, max_bytes: int, timeout: float, release: Callable[[int], None],
+             starving: Callable[[], None]) -> tuple[list[Any], bool]:
+        raise TypeError("a routed channel is taken from one route at a time: use take_route()")
+
+    async def get_many(self, max_items: int, max_bytes: int) -> tuple[list[Any], bool]:
+        raise TypeError("a routed channel is taken from one route at a time: use take_route()")
+
+    def take_route(self, route: int, max_items: int, max_bytes: int, timeout: float, release: Callable[[int], None],
+                   starving: Callable[[], None]) -> tuple[list[Any], bool]:
+        """:meth:`SampleChannel.take` from ``route``: its items in its order; ``done`` once it ended."""
+        self.waiting = route
+        return self.routes[route].take(max_items, max_bytes, timeout, release, starving)
+
+    def statistics(self) -> dict[str, int]:
+        total = {"queued_items": 0, "open_shards": 0}
+        for channel in self.routes:
+            for key, value in channel.statistics().items():
+                total[key] += value
+        return total

@@ -41,7 +41,7 @@ import collections
 import logging
 import time
 from asyncio import TaskGroup
-from collections.abc import Iterable, Iterator, Sized
+from collections.abc import Callable, Iterable, Iterator, Sized
 from contextlib import aclosing
 from dataclasses import replace
 
@@ -104,20 +104,19 @@ class Engine:
         #: Give the token back while waiting for room in the byte budget (see ``_wait_for_room``).
         self.yield_tokens = yield_tokens
         self.spec = spec
-        self.select_files = spec.select_files
-        self.rename_files = spec.rename_files
         # A list, or a lazy iterator (resampled or pipeline shard streams), pulled only in the loop thread.
         self.urls = urls
         self.backends = backends
         self.channel = channel
         self.budget: ByteBudget = channel.budget
         self.config = config = spec.config
-        self.handler = spec.handler
         self.stats = stats
         self.log_interval = spec.log_interval
         self.limiter = limiter if limiter is not None else Limiter(1)
         self._exhausted = False  # every item has been handed to a reader
         self._stopping = False
+        #: Routes whose consumer is gone or whose handler stopped them: their items are no longer read.
+        self._ended_routes: set[int] = set()
         self.stats.shards_total = len(urls) if isinstance(urls, Sized) else 0
         self.stats.buffer_limit = self.budget.limit
         self.stats.budget = self.budget
@@ -234,6 +233,8 @@ class Engine:
                         return
                 if self._stopping or self.channel.abandoned:
                     return
+                if item.route is not None and item.route in self._ended_routes:
+                    continue
                 await self._read_item(item)
             finally:
                 self.limiter.release()
@@ -263,7 +264,7 @@ class Engine:
     async def _read_item(self, item: WorkItem) -> None:
         """One item from open to close in the channel, errors sent to the handler."""
         token = object()
-        self.channel.open_shard(token)
+        self.channel.open_shard(token, item.route)
         self.stats.shards_in_flight += 1
         try:
             await self._fetch_item(item, token)
@@ -277,42 +278,62 @@ class Engine:
             if not self.channel.abandoned:
                 self.channel.close_shard(token)
 
+    def _rules(self, item: WorkItem) -> StreamSpec:
+        """The spec whose handler and member rules apply to ``item``: its route's, or the engine's."""
+        routes = self.spec.routes
+        return routes[item.route] if routes and item.route is not None else self.spec
+
+    def _end(self, item: WorkItem) -> None:
+        """An item's handler stopped the data, or raised: stop the engine, or only the item's route."""
+        if item.route is None or not self.spec.routes:
+            self._stopping = True
+        else:
+            self._ended_routes.add(item.route)
+
     def _item_failed(self, token: object, item: WorkItem, exc: BaseException) -> None:
         """Route what ended an item: our own signals, else the error (in our tree) to the handler."""
         if isinstance(exc, ChannelClosed):
-            self._stopping = True
+            if self.channel.abandoned or item.route is None:
+                self._stopping = True
+            else:
+                self._ended_routes.add(item.route)  # that route's consumer left; the others go on
         elif isinstance(exc, _Stop):
             self.channel.put_stop(token)
-            self._stopping = True
+            self._end(item)
         elif isinstance(exc, _HandlerRaised):
             self.channel.put_error(token, exc.error)
-            self._stopping = True
-        elif self._shard_failed(token, translate(exc, url=redact_url(item.url))) and not self.channel.abandoned:
+            self._end(item)
+        elif self._shard_failed(token, item, translate(exc, url=redact_url(item.url))) and not self.channel.abandoned:
             self.channel.put(token, ItemDone(item.id), 0)
 
-    def _shard_failed(self, token: object, exc: BaseException) -> bool:
+    def _shard_failed(self, token: object, item: WorkItem, exc: BaseException) -> bool:
         """Ask the handler about a failed item; True when it chose to skip it (and go on)."""
         try:
-            keep_going = self.handler(exc)
+            keep_going = self._rules(item).handler(exc)
         except BaseException as raised:  # delivered to the consumer, not swallowed
             self.channel.put_error(token, raised)
-            self._stopping = True
+            self._end(item)
             return False
         if keep_going:
             self.stats.shards_skipped += 1
             return True
         self.channel.put_stop(token)
-        self._stopping = True
+        self._end(item)
         return False
 
-    def _on_sample_error(self, err: WdsError) -> None:
-        try:
-            keep_going = self.handler(err)
-        except BaseException as raised:
-            raise _HandlerRaised(raised) from None
-        if not keep_going:
-            raise _Stop()
-        self.stats.samples_skipped += 1
+    def _sample_error_handler(self, item: WorkItem) -> Callable[[WdsError], None]:
+        handler = self._rules(item).handler
+
+        def on_sample_error(err: WdsError) -> None:
+            try:
+                keep_going = handler(err)
+            except BaseException as raised:
+                raise _HandlerRaised(raised) from None
+            if not keep_going:
+                raise _Stop()
+            self.stats.samples_skipped += 1
+
+        return on_sample_error
 
     def _emit(self, token: object, item: WorkItem, samples: list[Sample], held: int, parse: ShardParse,
               progress: _Progress) -> int:
@@ -402,8 +423,9 @@ class Engine:
         """Feed the item's bytes to a parser and a grouper and its samples to the channel; the source sees
         every chunk as it passes (``on_chunk``) and hears when the whole item was read and parsed (``done``)."""
         limit = self.config.max_sample_bytes
-        grouper = Grouper(reader.shown, self._on_sample_error, select_files=self.select_files,
-                          rename_files=self.rename_files, max_sample_bytes=limit)
+        rules = self._rules(item)
+        grouper = Grouper(reader.shown, self._sample_error_handler(item), select_files=rules.select_files,
+                          rename_files=rules.rename_files, max_sample_bytes=limit)
         parse = ShardParse(reader.shown, start=item.start, end=item.end, ranged=ranged, grouper=grouper,
                            max_member_bytes=limit)
         on_chunk = None

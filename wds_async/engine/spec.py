@@ -15,7 +15,10 @@ construction); the rest says where bytes come from and what happens to errors an
 * ``log_interval``: seconds between progress lines on the ``wds_async`` logger (None: none);
 * ``service``: the socket of the node service that reads for this process (None: read in-process, in this
   process's own engine), with ``service_settings``, the engine settings the service applies to this client's
-  session (its share of the node, its timeouts and sizes: see :mod:`wds_async.service.options`).
+  session (its share of the node, its timeouts and sizes: see :mod:`wds_async.service.options`);
+* ``routes``: for an engine shared by several consumers (a mix's sources), one spec per route whose ``handler``,
+  ``select_files`` and ``rename_files`` apply to the items of that route (``WorkItem.route``); a handler's stop
+  or raise then ends that route only.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class StreamSpec:
     log_interval: float | None = None
     service: str | None = None
     service_settings: Mapping[str, Any] | None = None
+    routes: tuple[StreamSpec, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.config, EngineConfig):

@@ -32,6 +32,8 @@ class WorkItem:
     end: int | None = None
     compressed: bool | None = None
     expect: ObjectIdentity | None = None
+    #: Which consumer the item's samples go to when several share one engine (a mix's sources); None: the only one.
+    route: int | None = None
 
     def __post_init__(self) -> None:
         if self.start < 0 or (self.end is not None and self.end < self.start):

@@ -1,0 +1,168 @@
+"""One engine for several streams of work items: the sources of a mix.
+
+A mix of datasets (:class:`~wds_async.RandomMix`, :class:`~wds_async.RoundRobin`) reads all its sources on one
+engine, so that it holds one byte budget, one limiter and autotuner, and one connection pool per store, whatever
+the number of sources. :class:`SharedEngine` is that engine: a :class:`~wds_async.engine.bridge.Bridge` over an
+:class:`~wds_async.engine.feed.ItemFeed`, whose channel has one route per source
+(:class:`~wds_async.engine.channel.RoutedChannel`). Each source reads its own items through :meth:`SharedEngine.batches`
+and gets exactly the lists a bridge of its own would hand it, in its own order.
+
+How much each source prefetches
+    A source keeps ``1 + ceil(share * level)`` of its work items submitted (``share``: its part of what the mix
+    consumes, from the weights; ``level``: the engine's current concurrency, as the autotuner moves it). It submits
+    the next one when the consumer finishes one, so submissions follow consumption: a source drawn 30% of the time
+    keeps about 30% of the readers busy, and a source drawn 0.5% of the time keeps its current item and the next,
+    so it never starves the consumer and never floods the budget. Together the sources keep about ``level`` plus
+    one item each in flight, what a single dataset's engine keeps (its readers) plus one item per source.
+
+Priming
+    A source's iterator starts at its first draw, which for a rare source may come thousands of samples into the
+    epoch; its first item would then start only when it is already needed. :meth:`SharedEngine.prime` submits a
+    source's first items at the start, from its planned work; when the source starts, each primed item that is
+    the item it asks for is adopted, and primed items it does not ask for (a plan that changed) are read and
+    dropped, never delivered.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import threading
+from collections.abc import Generator, Iterable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from ..errors import EngineError
+from ..stats import Stats
+from .bridge import Bridge
+from .channel import RoutedChannel
+from .feed import ItemFeed
+from .grouping import Sample
+from .spec import StreamSpec
+from .work import ItemDone, WorkItem
+
+__all__ = ["SharedEngine"]
+
+
+def _same_work(a: WorkItem, b: WorkItem) -> bool:
+    return (a.shard, a.url, a.start, a.end) == (b.shard, b.url, b.start, b.end)
+
+
+class SharedEngine:
+    """One engine, one route per source (see the module docstring). ``shares`` are the sources' parts of the
+    consumption (normalised here); ``spec.routes`` carries each source's handler and member rules."""
+
+    def __init__(self, spec: StreamSpec, stats: Stats, shares: Sequence[float]) -> None:
+        if not shares:
+            raise ValueError("a shared engine needs at least one source")
+        total = float(sum(shares))
+        self.shares = [float(s) / total if total > 0 else 1.0 / len(shares) for s in shares]
+        self.spec = spec
+        self.stats = stats
+        self._bridge: Bridge | None = None
+        self._feed: ItemFeed | None = None
+        self._lock = threading.Lock()
+        self._primed: dict[int, collections.deque[tuple[int, WorkItem]]] = {}  # route -> (primed id, item)
+        self._next_primed_id = -1
+
+    def _started(self) -> tuple[Bridge, ItemFeed]:
+        with self._lock:
+            if self._bridge is None or self._feed is None:
+                feed = ItemFeed()
+                bridge = Bridge(feed, self.spec, self.stats, routes=len(self.shares))
+                bridge.start()
+                self._bridge, self._feed = bridge, feed
+            return self._bridge, self._feed
+
+    def window(self, route: int) -> int:
+        """How many of ``route``'s items to keep submitted now (see the module docstring)."""
+        level = self.stats.concurrency or self.spec.config.first_connections
+        return 1 + math.ceil(self.shares[route] * level)
+
+    def prime(self, route: int, items: Iterable[WorkItem]) -> None:
+        """Submit ``route``'s first items now, ahead of its first draw (see the module docstring)."""
+        if self.shares[route] <= 0:
+            return  # drawn only once every other source ran out: nothing to gain from reading it early
+        _, feed = self._started()
+        primed = self._primed.setdefault(route, collections.deque())
+        batch = []
+        for item, _ in zip(items, range(self.window(route))):
+            batch.append(replace(item, id=self._next_primed_id, route=route))
+            primed.append((self._next_primed_id, item))
+            self._next_primed_id -= 1
+        feed.submit(batch)
+
+    def batches(self, items: Iterable[WorkItem], route: int) -> Generator[list[Any], None, None]:
+        """The lists a bridge over ``items`` alone would hand over (samples, end-of-item markers, errors to
+        raise), read on the shared engine as route ``route``."""
+        bridge, feed = self._started()
+        primed = self._primed.pop(route, collections.deque())
+        adopted: dict[int, int] = {}  # primed id -> the item id it stands for
+        junk: set[int] = set()  # primed items nobody asked for: read, then dropped
+        source = iter(items)
+        state = {"in_flight": 0, "exhausted": False}
+
+        def top_up() -> None:
+            while not state["exhausted"] and state["in_flight"] < self.window(route):
+                item = next(source, None)
+                if item is None:
+                    state["exhausted"] = True
+                    drop_primed()
+                    return
+                state["in_flight"] += 1
+                if primed and _same_work(primed[0][1], item):
+                    adopted[primed.popleft()[0]] = item.id
+                    continue
+                drop_primed()
+                feed.submit([replace(item, route=route)])
+
+        def drop_primed() -> None:
+            junk.update(primed_id for primed_id, _ in primed)
+            primed.clear()
+
+        channel = bridge.channel
+        assert isinstance(channel, RoutedChannel)
+        complete = False
+        try:
+            top_up()
+            for batch in bridge.batches(route):
+                out: list[Any] = []
+                for got in batch:
+                    kind = type(got)
+                    if kind is Sample:
+                        if got.item < 0:
+                            if got.item in junk:
+                                continue
+                            got.item = adopted[got.item]
+                    elif kind is ItemDone:
+                        if got.id < 0:
+                            if got.id in junk:
+                                junk.discard(got.id)
+                                continue
+                            got = ItemDone(adopted.pop(got.id))
+                        state["in_flight"] -= 1
+                        top_up()
+                    out.append(got)
+                if out:
+                    yield out
+                if state["exhausted"] and not state["in_flight"] and not junk:
+                    complete = True  # the route is empty and clean: a repeat of the source may use it again
+                    return
+            if not channel.routes[route].stopped:
+                error = EngineError("the shared engine of a mix stopped before this source's items were read "
+                                    "(another source failed: its error is raised where it is drawn)")
+                error.__cause__ = channel.failure
+                yield [error]
+        finally:
+            if not complete and not channel.abandoned:
+                channel.abandon_route(route)  # its readers stop; its queued bytes return to the budget
+
+    def close(self) -> None:
+        """Stop the engine and its loop thread. Idempotent."""
+        with self._lock:
+            bridge, feed = self._bridge, self._feed
+            self._bridge = self._feed = None
+        if feed is not None:
+            feed.close()
+        if bridge is not None:
+            bridge.close()
