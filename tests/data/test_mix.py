@@ -97,6 +97,12 @@ def _check_resumes(make: Callable[[], Any], cuts: list[int], at_end: bool = True
     assert [ident(s) for s in make()] == full, "the uninterrupted run is not reproducible"
     for k in [*cuts, len(full) - 1, *([len(full)] if at_end else [])]:
         assert in_pieces(make, [k]) == full, f"resumed after {k} of {len(full)} samples"
+    if at_end:  # a state saved once the run ended resumes to nothing
+        mix = make()
+        assert len(list(mix)) == len(full)
+        done = make()
+        done.load_state_dict(_roundtrip(mix.state_dict()))
+        assert list(done) == []
     return full
 
 
@@ -170,7 +176,7 @@ def test_resume_resampled_sources_with_their_own_epochs(served: StoreProcess) ->
     assert [sum(which(s) == name for s in full) for name in "abc"] == [60, 30, 10]
 
 
-EPOCH_BUG = ("BUG: FluidPipeline.__iter__ (wds_async/data/fluid.py:141-160) checks the with_epoch limit only after "
+EPOCH_BUG = ("BUG: FluidPipeline.__iter__ (wds_async/data/fluid.py:144-160) checks the with_epoch limit only after "
              "yielding an item, so a pipeline resumed from a state saved after its epoch's last item (count == n) "
              "yields one item more; a mix resumes such a source (or itself) with an extra sample")
 
@@ -230,6 +236,125 @@ def test_state_is_plain_json(served: StoreProcess) -> None:
     it.close()
     assert json.loads(json.dumps(state)) == state
     assert pickle.loads(pickle.dumps(state)) == state
+
+
+def test_resume_with_a_list_and_a_zero_weight_source(served: StoreProcess) -> None:
+    listed = [{"__url__": "list/l-0", "__key__": f"item{i}"} for i in range(100)]
+
+    def with_list() -> Any:  # a list: resumed by counting what it gave
+        return wds.RandomMix([_source(served, "a"), listed], [0.5, 0.5], seed=2)
+
+    full = _check_resumes(with_list, [0, 5, 30])
+    assert {which(s) for s in full} == {"a", "l"}
+
+    def zero() -> Any:  # b has weight 0: drawn only once a and c ran out
+        return wds.RandomMix([_source(served, name) for name in "abc"], [1, 0, 1], longest=True, seed=2)
+
+    full = _check_resumes(zero, [0, 5, 60, 70])
+    b = [i for i, s in enumerate(full) if which(s) == "b"]
+    assert len(b) == len(list(_source(served, "b"))) and b == list(range(len(full) - len(b), len(full)))
+
+
+def test_resume_with_stages_on_the_mix_and_another_epoch(served: StoreProcess) -> None:
+    def batched() -> Any:
+        return wds.RandomMix([_source(served, name) for name in "ab"], seed=2).map(ident).batched(5, collation_fn=list)
+
+    batches = [tuple(map(tuple, batch)) for batch in batched()]
+    assert len(batches) > 5
+    for k in (0, 1, 3, len(batches) - 1):
+        mix = batched()
+        it = iter(mix)
+        first = [tuple(map(tuple, b)) for b in itertools.islice(it, k)]
+        state = _roundtrip(mix.state_dict())
+        it.close()
+        again = batched()
+        again.load_state_dict(state)
+        assert first + [tuple(map(tuple, b)) for b in again] == batches, f"resumed after batch {k}"
+
+    def epoch1() -> Any:
+        mix = wds.RandomMix([_source(served, name) for name in "ab"], seed=2)
+        mix.set_epoch(1)
+        return mix
+
+    full = [ident(s) for s in epoch1()]
+    assert full != [ident(s) for s in wds.RandomMix([_source(served, name) for name in "ab"], seed=2)]
+    mix = epoch1()
+    it = iter(mix)
+    head = [ident(s) for s in itertools.islice(it, 10)]
+    state = _roundtrip(mix.state_dict())
+    it.close()
+    fresh = wds.RandomMix([_source(served, name) for name in "ab"], seed=2)  # epoch 0: the state says 1
+    fresh.load_state_dict(state)
+    assert head + [ident(s) for s in fresh] == full
+
+
+def test_what_cannot_be_checkpointed_says_why(served: StoreProcess, data: Path) -> None:
+    mix = wds.RandomMix([_source(served, name) for name in "ab"], seed=2).shuffle(10, seed=1)
+    it: Any = iter(mix)
+    next(it)
+    with pytest.raises(ValueError, match=r"cannot checkpoint shuffle\(10\) while it holds items"):
+        mix.state_dict()
+    it.close()
+
+    def with_pipeline() -> Any:
+        urls = [str(p) for p in sorted((data / "a").glob("a-*.tar"))]
+        return wds.RandomMix([wds.DataPipeline(wds.SimpleShardList(urls), wds.tarfile_to_samples()),
+                              _source(served, "b")], seed=3)
+
+    assert len(list(with_pipeline())) > 0
+    with pytest.raises(ValueError, match="DataPipeline cannot resume"):
+        in_pieces(with_pipeline, [7])
+
+
+def test_an_abandoned_mix_stops_its_engine(served: StoreProcess) -> None:
+    wait_until(lambda: not engine_threads())
+    before = len(engine_threads())
+    mix = wds.RandomMix([_source(served, name) for name in NAMES], seed=1)
+    it: Any = iter(mix)
+    next(it)
+    assert len(engine_threads()) == before + 1
+    it.close()
+    assert wait_until(lambda: len(engine_threads()) == before)
+    for _ in itertools.islice(wds.RoundRobin([_source(served, name) for name in NAMES]), 3):
+        pass  # a for loop left early: the generator is dropped, not closed
+    assert wait_until(lambda: len(engine_threads()) == before)
+
+
+def test_each_source_keeps_its_member_rules(served: StoreProcess) -> None:
+    """select_files / rename_files of one source apply to its samples only, whichever source leads the engine."""
+    for order in ("ab", "ba"):
+        sources = {"a": _source(served, "a", select_files=lambda name: not name.endswith(".bin")),
+                   "b": _source(served, "b", rename_files=lambda name: name.replace(".bin", ".dat"))}
+        fields: dict[str, set[str]] = {"a": set(), "b": set()}
+        for s in wds.RoundRobin([sources[n] for n in order], longest=True):
+            fields[which(ident(s))].update(k for k in s if not k.startswith("__"))
+        assert fields == {"a": {"cls", "json"}, "b": {"cls", "dat", "json"}}, order
+
+
+def test_merge_states_resplits_a_mix_for_another_world_size(served: StoreProcess,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    def make() -> Any:
+        return wds.RandomMix([_source(served, name) for name in "abc"], [0.5, 0.3, 0.2], seed=7, longest=True)
+
+    everything = {ident(s) for name in "abc" for s in _source(served, name)}
+    before: list[Ident] = []
+    states = []
+    for rank, k in ((0, 9), (1, 20)):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        mix = make()
+        it = iter(mix)
+        before += [ident(s) for s in itertools.islice(it, k)]
+        states.append(_roundtrip(mix.state_dict()))
+        it.close()
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    merged = _roundtrip(wds.merge_states(states))
+    mix = make()
+    mix.load_state_dict(merged)
+    after = [ident(s) for s in mix]
+    assert len(before) == 29 and len(before) + len(after) == len(everything)
+    assert set(before) | set(after) == everything
 
 
 # -- 2. proportions ----------------------------------------------------------------------------------------
