@@ -251,12 +251,14 @@ class _Mix(FluidPipeline):
 
     _kind = "mix"
 
-    def __init__(self, datasets: Sequence[Iterable[Any]], weights: Sequence[float] | None, longest: bool,
+    def __init__(self, datasets: Sequence[Iterable[Any]], weights: Sequence[float] | str | None, longest: bool,
                  seed: Any, draws: str) -> None:
         super().__init__()
         self.datasets = list(datasets)
         if not self.datasets:
             raise ValueError(f"{type(self).__name__} needs at least one dataset")
+        if isinstance(weights, str):
+            weights = _sizes(type(self).__name__, weights, self.datasets)
         self.weights = _check_weights(type(self).__name__, weights, len(self.datasets))
         self.longest = longest
         self.seed = seed
@@ -414,6 +416,27 @@ def _options(options: Any) -> Any:
     return repr(sorted((options or {}).items(), key=lambda kv: str(kv[0])))
 
 
+def _sizes(name: str, by: str, datasets: list[Any]) -> list[float]:
+    """Weights proportional to each dataset's size: ``"shards"`` (its shard count) or ``"samples"`` (its sample
+    count, from its index)."""
+    from .dataset import WebDataset
+
+    if by not in ("shards", "samples"):
+        raise ValueError(f"{name}: weights are numbers, \"shards\" or \"samples\", not {by!r}")
+    sizes = []
+    for i, data in enumerate(datasets):
+        if not isinstance(data, WebDataset):
+            raise ValueError(f"{name}: weights={by!r} needs WebDataset sources; dataset {i} is a {type(data).__name__}")
+        if by == "shards":
+            sizes.append(float(len(data.urls)))
+        elif data.index is None:
+            raise ValueError(f"{name}: weights=\"samples\" counts samples in each dataset's index, and dataset {i} "
+                             "has none (WebDataset(..., index=...), built with `wds-async index`)")
+        else:
+            sizes.append(float(sum(len(entry.offsets) for entry in data.index.entries_for(data.urls))))
+    return sizes
+
+
 def _check_weights(name: str, weights: Sequence[float] | None, count: int) -> list[float]:
     if weights is None:
         return [1.0] * count
@@ -434,7 +457,8 @@ def _check_weights(name: str, weights: Sequence[float] | None, count: int) -> li
 
 class RandomMix(_Mix):
     """Items drawn at random from ``datasets``, dataset ``i`` with probability ``probs[i] / sum(probs)``
-    (default: equal). Ends when a drawn dataset is exhausted, or with ``longest=True`` when all are.
+    (default: equal; ``"shards"`` or ``"samples"``: in proportion to each WebDataset's shard count, or to its
+    sample count in its index). Ends when a drawn dataset is exhausted, or with ``longest=True`` when all are.
 
     ``seed=None`` draws as webdataset 1.0.2 does, from the global ``random`` module (not resumable); a ``seed``
     draws from the mix's own generator, ``draws="balanced"`` (default: every source within two items of its
@@ -443,7 +467,7 @@ class RandomMix(_Mix):
 
     _kind = "random"
 
-    def __init__(self, datasets: Sequence[Iterable[Any]], probs: Sequence[float] | None = None,
+    def __init__(self, datasets: Sequence[Iterable[Any]], probs: Sequence[float] | str | None = None,
                  longest: bool = False, *, seed: Any = None, draws: str = "balanced") -> None:
         super().__init__(datasets, probs, longest, seed, draws)
         self.probs = probs

@@ -121,8 +121,11 @@ class Bridge:
                        SampleChannel(budget, ordered=ordered))
             spec = self._spec
             backends = BackendSet(self._config, spec.backends, spec.backend_options)
+            # Routes (a mix's sources) wait for their own consumers: a reader waiting for room gives its token
+            # back meanwhile, so that the route the consumer waits on can always read (see Engine.run).
             engine = Engine(self._urls, spec, backends=backends, channel=channel, stats=self._stats,
-                            source=source_for(spec.cache, self._config.retry, self._stats))
+                            source=source_for(spec.cache, self._config.retry, self._stats),
+                            yield_tokens=bool(self._routes))
             self._channel = channel
         except BaseException as exc:
             self._startup_error = exc

@@ -53,7 +53,7 @@ from ..io.source import ItemSource, OpenedItem, StoreSource
 from ..stats import Stats
 from ..urls import redact_url
 from .autotune import Autotuner
-from .channel import ChannelClosed, SampleChannel
+from .channel import ChannelClosed, RoutedChannel, SampleChannel
 from .failures import leaves, pick, translate
 from .feed import ItemFeed
 from .grouping import Grouper, Sample, sample_nbytes
@@ -151,9 +151,12 @@ class Engine:
                 tuning = outer.create_task(tuner.run()) if tuner is not None else None
                 self.source.start(outer)
                 async with TaskGroup() as readers:
-                    count = len(self.urls) if isinstance(self.urls, Sized) else cap
-                    for _ in range(min(cap, count)):  # the limiter, not the task count, sets the concurrency
-                        readers.create_task(self._reader(shards))
+                    if isinstance(shards, ItemFeed) and isinstance(self.channel, RoutedChannel):
+                        readers.create_task(self._dispatch(shards, readers))
+                    else:
+                        count = len(self.urls) if isinstance(self.urls, Sized) else cap
+                        for _ in range(min(cap, count)):  # the limiter, not the task count, sets the concurrency
+                            readers.create_task(self._reader(shards))
                 for task in (logger, tuning):
                     if task is not None:
                         task.cancel()
@@ -238,6 +241,29 @@ class Engine:
                 await self._read_item(item)
             finally:
                 self.limiter.release()
+
+    async def _dispatch(self, feed: ItemFeed, readers: TaskGroup) -> None:
+        """A routed channel's readers: one task per submitted item, each waiting for a token in submission order.
+
+        Routes (a mix's sources) are consumed by turns, so a route's readers may wait for room in the budget
+        until its consumer comes back to it, while the consumer waits for another route's next item. With a
+        fixed set of readers that item could sit in the feed behind items whose readers all wait; with a task
+        per item it is always held by a reader, and gets a token since waiting readers give theirs back
+        (``yield_tokens``). The limiter, as everywhere, sets how many read at once."""
+        while not (self._stopping or self.channel.abandoned):
+            item = await self._next_from_feed(feed)
+            if item is None:
+                self._exhausted = True
+                return
+            readers.create_task(self._read_routed(item))
+
+    async def _read_routed(self, item: WorkItem) -> None:
+        await self.limiter.acquire()
+        try:
+            if not (self._stopping or self.channel.abandoned or item.route in self._ended_routes):
+                await self._read_item(item)
+        finally:
+            self.limiter.release()
 
     async def _wait_for_room(self, token: object) -> None:
         """Wait until the reader of ``token`` may read another chunk. With ``yield_tokens`` a reader that has

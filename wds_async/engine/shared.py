@@ -36,6 +36,7 @@ from ..errors import EngineError
 from ..stats import Stats
 from .bridge import Bridge
 from .channel import RoutedChannel
+from .engine import STREAM_ALLOWANCE
 from .feed import ItemFeed
 from .grouping import Sample
 from .spec import StreamSpec
@@ -76,7 +77,9 @@ class SharedEngine:
 
     def window(self, route: int) -> int:
         """How many of ``route``'s items to keep submitted now (see the module docstring)."""
-        level = self.stats.concurrency or self.spec.config.first_connections
+        config = self.spec.config
+        level = self.stats.concurrency or min(config.first_connections,
+                                              max(1, config.max_buffered_bytes // (2 * STREAM_ALLOWANCE)))
         return 1 + math.ceil(self.shares[route] * level)
 
     def prime(self, route: int, items: Iterable[WorkItem]) -> None:
