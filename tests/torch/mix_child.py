@@ -1,0 +1,106 @@
+"""A training-loop stand-in for the mix resume tests: iterate a ``StatefulDataLoader`` over a seeded
+``wds.RandomMix`` (or ``wds.RoundRobin``) of WebDataset sources, log each step's keys, checkpoint
+``loader.state_dict()`` after every step (atomically), and resume from the checkpoint.
+
+    python tests/torch/mix_child.py CONFIG_JSON
+
+CONFIG keys:
+    sources: a list of ``{"urls", "index", "seed", "shuffle", "resampled"}``, one per source
+    mix: ``"random"`` (with ``probs``, ``seed``) or ``"round_robin"``; longest; epoch (``.with_epoch(n)``)
+    workers, batch, ckpt, log, step_time
+    merge: old checkpoints whose ``wds.merge_states`` this process loads (an elastic resume)
+    dist: init a gloo process group (under torchrun); runs: several such configs, one after the other
+
+Each log line is ``{"step", "worker", "keys"}`` (the DataLoader worker that made the batch; 0 without
+workers). A key is ``"source/shard/key"``. The parent kills this process (and its workers) with SIGKILL at
+some step. RANK / WORLD_SIZE in the environment make it one rank of a job (no process group is needed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import torch
+from torch.utils.data import get_worker_info
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+import wds_async as wds
+
+
+def key_of(sample: dict) -> str:  # type: ignore[type-arg]
+    source, shard = sample["__url__"].rsplit("/", 2)[-2:]
+    return f"{source}/{shard}/{sample['__key__']}"
+
+
+def tagged(batch: list) -> dict:  # type: ignore[type-arg]
+    """The collate function: runs in the worker that made the batch, so it can say which one did."""
+    info = get_worker_info()
+    return {"worker": info.id if info is not None else 0, "keys": batch}
+
+
+def make_mix(cfg: dict[str, Any]) -> Any:
+    sources = []
+    for src in cfg["sources"]:
+        ds = wds.WebDataset(src["urls"], index=src.get("index"), shardshuffle=True, seed=src["seed"],
+                            resampled=src.get("resampled", False), detshuffle=src.get("resampled", False),
+                            max_connections=4)
+        if src.get("shuffle"):
+            ds = ds.shuffle(src["shuffle"], initial=src["shuffle"] // 2, seed=src["seed"] + 100)
+        sources.append(ds.map(key_of))
+    if cfg["mix"] == "round_robin":
+        mix = wds.RoundRobin(sources, longest=cfg.get("longest", False))
+    else:
+        mix = wds.RandomMix(sources, cfg["probs"], longest=cfg.get("longest", False), seed=cfg["seed"])
+    if cfg.get("epoch"):
+        mix = mix.with_epoch(cfg["epoch"])
+    return mix
+
+
+def run(cfg: dict[str, Any]) -> None:
+    mix = make_mix(cfg)
+    step = 0
+    loader_state = None
+    if cfg.get("merge"):
+        mix.load_state_dict(wds.merge_states(torch.load(p, weights_only=False)["loader"] for p in cfg["merge"]))
+    elif os.path.exists(cfg["ckpt"]):
+        saved = torch.load(cfg["ckpt"], weights_only=False)
+        step, loader_state = saved["step"], saved["loader"]
+    loader = StatefulDataLoader(mix, batch_size=cfg.get("batch", 8), num_workers=cfg["workers"], collate_fn=tagged)
+    if loader_state is not None:
+        loader.load_state_dict(loader_state)
+    with open(cfg["log"], "a") as log:
+        for batch in loader:
+            step += 1
+            log.write(json.dumps({"step": step, **batch}) + "\n")
+            log.flush()
+            tmp = cfg["ckpt"] + ".tmp"
+            torch.save({"step": step, "loader": loader.state_dict()}, tmp)
+            os.replace(tmp, cfg["ckpt"])
+            if cfg.get("step_time", 0.01):
+                time.sleep(cfg.get("step_time", 0.01))  # the training step: time for the parent to kill mid-epoch
+        log.write(json.dumps({"step": step, "done": True}) + "\n")
+
+
+def main() -> None:
+    cfg = json.loads(sys.argv[1])
+    if cfg.get("dist"):
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        try:
+            for one in cfg["runs"]:
+                rank = dist.get_rank()
+                run({**one, "log": one["log"].format(rank=rank), "ckpt": one["ckpt"].format(rank=rank)})
+                dist.barrier()
+        finally:
+            dist.destroy_process_group()
+        return
+    run(cfg)
+
+
+if __name__ == "__main__":
+    main()
