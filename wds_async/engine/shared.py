@@ -80,7 +80,7 @@ class SharedEngine:
         config = self.spec.config
         level = self.stats.concurrency or min(config.first_connections,
                                               max(1, config.max_buffered_bytes // (2 * STREAM_ALLOWANCE)))
-        return 1 + math.ceil(self.shares[route] * level)
+        return 1 + math.ceil(self.shares[route] * level - 1e-9)  # 0.3 * 40 is 12.000000000000002
 
     def prime(self, route: int, items: Iterable[WorkItem]) -> None:
         """Submit ``route``'s first items now, ahead of its first draw (see the module docstring)."""

@@ -1,0 +1,162 @@
+"""One engine for several consumers: the routed channel and the shared engine a mix reads its sources on.
+
+The routed channel keeps each route's items apart and in order under one byte budget; the shared engine
+delivers to each route exactly what an engine of its own would, however small the budget and however skewed
+the consumption (a consumer that waits on one route while the others' readers wait for room must not hang).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import wds_async as wds
+from benchmarks.make_shards import make_shards
+from emustore import Knobs, StoreProcess
+from tests.conftest import engine_threads, sample_digest
+from wds_async.engine.channel import RoutedChannel
+from wds_async.engine.shared import SharedEngine
+from wds_async.engine.spec import StreamSpec
+from wds_async.engine.work import ItemDone, WorkItem
+from wds_async.io.budget import ByteBudget
+from wds_async.stats import Stats
+
+SOURCES = 8
+SHARDS = 5
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
+    root = tmp_path_factory.mktemp("shared")
+    for k in range(SOURCES):
+        make_shards(root / f"s{k}", n_shards=SHARDS, shard_bytes=160 << 10, sample_bytes=6 << 10, seed=40 + k)
+    with StoreProcess(root, Knobs(seed=3, ttfb=0.005)) as store:
+        yield [store.base_url + f"s{k}/shard-{{000000..{SHARDS - 1:06d}}}.tar" for k in range(SOURCES)]
+
+
+def _take(channel: RoutedChannel, route: int) -> list[object]:
+    items, _done = channel.take_route(route, 100, 1 << 30, 0.01, lambda n: channel.budget.release(n), lambda: None)
+    return items
+
+
+def test_routes_keep_their_items_apart_and_in_order() -> None:
+    budget = ByteBudget(1 << 20)
+    channel = RoutedChannel(budget, ordered=True, routes=2)
+    a1, a2, b1 = object(), object(), object()
+    channel.open_shard(a1, 0)
+    channel.open_shard(b1, 1)
+    channel.open_shard(a2, 0)
+    budget.add(30)
+    channel.put(a2, "a2-sample", 10)  # the second item of route 0 is ready first: it waits for the first
+    channel.put(b1, "b1-sample", 10)
+    assert _take(channel, 0) == []
+    assert _take(channel, 1) == ["b1-sample"]
+    channel.put(a1, "a1-sample", 10)
+    channel.close_shard(a1)
+    assert _take(channel, 0) == ["a1-sample", "a2-sample"]
+    assert budget.used == 0
+
+
+def test_an_error_of_no_route_reaches_every_route_and_a_left_route_frees_its_bytes() -> None:
+    budget = ByteBudget(1 << 20)
+    channel = RoutedChannel(budget, ordered=True, routes=3)
+    token = object()
+    channel.open_shard(token, 2)
+    budget.add(500)
+    channel.put(token, "held", 500)
+    channel.abandon_route(2)  # its consumer left: the bytes it held go back to the budget
+    assert budget.used == 0 and not channel.abandoned
+    failure = RuntimeError("engine failed")
+    broken = object()
+    channel.open_shard(broken)  # no route: the engine's own failure
+    channel.put_error(broken, failure)
+    channel.close_shard(broken)
+    assert _take(channel, 0) == [failure] and _take(channel, 1) == [failure]
+    assert channel.failure is failure
+
+
+def test_only_the_route_the_consumer_waits_on_may_overdraw() -> None:
+    budget = ByteBudget(100)
+    channel = RoutedChannel(budget, ordered=True, routes=2)
+    a, b = object(), object()
+    channel.open_shard(a, 0)
+    channel.open_shard(b, 1)
+    assert _take(channel, 1) == []  # the consumer now waits on route 1
+    assert channel.starving_for(b) and not channel.starving_for(a)
+
+
+@pytest.mark.parametrize("budget", [1 << 20, 64 << 20])
+def test_each_route_gets_what_an_engine_of_its_own_gives_under_any_budget(sources: list[str], budget: int) -> None:
+    """Eight sources consumed in a skewed rotation (the first far more often than the last) through a shared
+    engine whose byte budget holds a few shards at most: no hang, and each source's samples are exactly those
+    of the source read alone, in the same order."""
+    alone = [sample_digest(wds.WebDataset(url)) for url in sources]
+    datasets = [wds.WebDataset(url) for url in sources]
+    items = [ds.work_items() for ds in datasets]
+    weights = [2.0 ** -k for k in range(SOURCES)]
+    spec = StreamSpec(wds.EngineConfig(max_buffered_bytes=budget, deterministic=True))
+    engine = SharedEngine(spec, Stats(), weights)
+    try:
+        for route in range(0, SOURCES, 2):  # half the routes primed, half not
+            engine.prime(route, iter(items[route]))
+        streams = [engine.batches(iter(items[route]), route) for route in range(SOURCES)]
+        got: list[list[object]] = [[] for _ in range(SOURCES)]
+        live = list(range(SOURCES))
+        turn = 0
+        while live:
+            # Route k is visited about once per 2**k turns, the way a weighted mix visits its sources.
+            route = live[turn % len(live)] if turn % 3 else live[0]
+            turn += 1
+            batch = next(streams[route], None)
+            if batch is None:
+                live.remove(route)
+                continue
+            got[route] += [x for x in batch if not isinstance(x, ItemDone)]
+        assert len(engine_threads()) >= 1
+        for route in range(SOURCES):
+            assert sample_digest(got[route]) == alone[route], f"route {route}"  # type: ignore[arg-type]
+    finally:
+        engine.close()
+
+
+def test_a_primed_item_the_source_does_not_ask_for_is_read_and_dropped(sources: list[str]) -> None:
+    ds = wds.WebDataset(sources[0])
+    planned = ds.work_items()
+    engine = SharedEngine(StreamSpec(wds.EngineConfig(deterministic=True)), Stats(), [1.0])
+    try:
+        engine.prime(0, iter(planned))
+        later = [WorkItem(id=item.id, shard=item.shard, url=item.url) for item in planned[2:]]  # a changed plan
+        got = [x for batch in engine.batches(iter(later), 0) for x in batch]
+    finally:
+        engine.close()
+    assert {x.url for x in got if not isinstance(x, ItemDone)} == {item.url for item in later}  # type: ignore[attr-defined]
+    assert [x.id for x in got if isinstance(x, ItemDone)] == [item.id for item in later]  # type: ignore[attr-defined]
+    assert sample_digest([x for x in got if not isinstance(x, ItemDone)]) == sample_digest(  # type: ignore[misc]
+        wds.WebDataset([item.url for item in later]))
+
+
+def test_the_shared_engine_is_one_loop_thread_and_closes(sources: list[str]) -> None:
+    before = len(engine_threads())
+    engine = SharedEngine(StreamSpec(wds.EngineConfig()), Stats(), [1.0, 1.0, 1.0])
+    streams = [engine.batches(iter(wds.WebDataset(url).work_items()), route) for route, url in
+               enumerate(sources[:3])]
+    for stream in streams:
+        next(stream)
+    assert len(engine_threads()) == before + 1
+    for stream in streams:
+        stream.close()
+    engine.close()
+    assert len(engine_threads()) == before
+
+
+def test_weights_size_the_prefetch_windows() -> None:
+    engine = SharedEngine(StreamSpec(wds.EngineConfig(max_connections=40)), Stats(), [0.3, 0.695, 0.005])
+    engine.stats.concurrency = 40
+    assert [engine.window(route) for route in range(3)] == [13, 29, 2]
+
+
+def test_a_route_needs_shares(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        SharedEngine(StreamSpec(), Stats(), [])
