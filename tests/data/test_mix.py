@@ -433,6 +433,29 @@ def test_other_backend_options_get_their_own_engine(served: StoreProcess) -> Non
     assert len(got) == len(set(got)) == sum(len(list(_source(served, name))) for name in NAMES)
 
 
+def test_sources_with_one_cache_dir_read_from_the_cache(served: StoreProcess, tmp_path: Path) -> None:
+    def make() -> Any:
+        return wds.RandomMix([_source(served, name, cache_dir=tmp_path) for name in "abc"], seed=1, longest=True)
+
+    alone = sorted(ident(s) for name in "abc" for s in _source(served, name))
+    first = make()
+    assert sorted(ident(s) for s in first) == alone
+    assert first.stats()["cache_fills"] == 3 * N_SHARDS
+    again = make()
+    assert sorted(ident(s) for s in again) == alone
+    assert again.stats()["cache_hits"] == 3 * N_SHARDS
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: sources with the same cache_dir never share an engine: each WebDataset "
+                   "makes its own ShardCache (data/dataset.py, make_cache) and mix._compatible (data/mix.py:411-412) "
+                   "groups by `a.cache is b.cache`, so a cache (or WDS_ASYNC_CACHE_DIR) gives an engine per source")
+def test_sources_with_one_cache_dir_share_one_engine(served: StoreProcess, tmp_path: Path) -> None:
+    mix = wds.RandomMix([_source(served, name, cache_dir=tmp_path) for name in "abc"], seed=1, longest=True)
+    during, samples = _threads_while_iterating(mix)
+    assert len(samples) == sum(len(list(_source(served, name))) for name in "abc")
+    assert during == 1
+
+
 # -- 4. schemes ----------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def clouds(data: Path, moto_endpoint: str, gcs_endpoint: str, azurite_endpoint: str) -> dict[str, Any]:
@@ -568,11 +591,21 @@ def test_state_of_an_unseeded_mix_is_refused(served: StoreProcess) -> None:
 
 
 def test_a_missing_shard_fails_the_mix_naming_its_url(served: StoreProcess) -> None:
+    wait_until(lambda: not engine_threads())
+    before = len(engine_threads())
     broken = wds.WebDataset([served.url("b/b-000000.tar"), served.url("b/missing-000009.tar")])
     mix = wds.RoundRobin([_source(served, "a"), broken, _source(served, "c")], longest=True)
     with pytest.raises(wds.NotFound, match=r"missing-000009\.tar") as info:
         list(mix)
     assert info.value.url is not None and info.value.url.endswith("b/missing-000009.tar")
+    assert wait_until(lambda: len(engine_threads()) == before), "the failed mix left its engine running"
+    # the mix fails where b's missing shard is drawn: after b's first shard, as b alone does
+    got: list[Ident] = []
+    with pytest.raises(wds.NotFound):
+        for s in mix:
+            got.append(ident(s))
+    b_first = [ident(s) for s in wds.WebDataset([served.url("b/b-000000.tar")])]
+    assert [s for s in got if which(s) == "b"] == b_first
 
 
 @pytest.mark.parametrize("broken_first", [True, False])
