@@ -455,6 +455,24 @@ def test_one_engine_reads_every_source(served: StoreProcess) -> None:
     assert stats["shards_done"] == len(NAMES) * N_SHARDS
 
 
+def test_every_shard_is_requested_once_per_pass(served: StoreProcess) -> None:
+    """The first items primed for each source are the ones it reads (none read twice or for nothing), also when
+    detshuffle gives every pass another shard order; and each pass is the sources' own next pass."""
+    def requests() -> int:
+        return int(served.stats()["requests"])
+
+    direct = [_source(served, name, shardshuffle=True, seed=3, detshuffle=True) for name in "abc"]
+    passes = [[[ident(s) for s in d] for d in direct] for _ in range(3)]
+    assert passes[0] != passes[1]
+    mix = wds.RandomMix([_source(served, name, shardshuffle=True, seed=3, detshuffle=True) for name in "abc"],
+                        [5, 1, 0.1], seed=1, longest=True)
+    for expected in passes:
+        before = requests()
+        got = [ident(s) for s in mix]
+        assert requests() - before == 3 * N_SHARDS
+        assert [[s for s in got if which(s) == name] for name in "abc"] == expected
+
+
 def test_other_backend_options_get_their_own_engine(served: StoreProcess) -> None:
     options = {"headers": {"X-Mix": "other"}}
     sources = [_source(served, name, backend_options=options if name in "ab" else None) for name in NAMES]
