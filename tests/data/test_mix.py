@@ -12,6 +12,7 @@ import itertools
 import json
 import pickle
 import random
+import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
@@ -655,6 +656,21 @@ def test_a_missing_shard_fails_the_mix_naming_its_url(served: StoreProcess) -> N
             got.append(ident(s))
     b_first = [ident(s) for s in wds.WebDataset([served.url("b/b-000000.tar")])]
     assert [s for s in got if which(s) == "b"] == b_first
+
+
+@pytest.mark.parametrize("weights", [[100, 1], [1, 1], [1, 100]])
+def test_a_failing_source_fails_the_mix_where_it_is_drawn(served: StoreProcess, weights: list[int]) -> None:
+    """Its item fails on the engine at once (primed), yet the others go on until the mix draws it."""
+    stand_in = [{"__url__": "x/x-0", "__key__": "x"}]  # draws as the broken source would: one item, then its error
+    expected = [ident(s) for s in wds.RandomMix([_source(served, "a"), stand_in], weights, seed=1, longest=True)]
+    before = expected[:expected.index(("x-0", "x"))]
+    broken = wds.WebDataset([served.url("b/missing-000007.tar")])
+    got: list[Ident] = []
+    with pytest.raises(wds.NotFound, match=r"missing-000007\.tar"):
+        for s in wds.RandomMix([_source(served, "a"), broken], weights, seed=1, longest=True):
+            got.append(ident(s))
+            time.sleep(0.001)  # let the failure land first
+    assert got == before
 
 
 @pytest.mark.parametrize("broken_first", [True, False])
