@@ -7,11 +7,12 @@
 CONFIG keys:
     sources: a list of ``{"urls", "index", "seed", "shuffle", "resampled"}``, one per source
     mix: ``"random"`` (with ``probs``, ``seed``) or ``"round_robin"``; longest; epoch (``.with_epoch(n)``)
-    workers, batch, ckpt, log, step_time
+    workers, batch, ckpt, log, step_time, pause_at (a step that takes 3 s)
+    epochs: default 1; ``mix.set_epoch(e)`` before each
     merge: old checkpoints whose ``wds.merge_states`` this process loads (an elastic resume)
     dist: init a gloo process group (under torchrun); runs: several such configs, one after the other
 
-Each log line is ``{"step", "worker", "keys"}`` (the DataLoader worker that made the batch; 0 without
+Each log line is ``{"step", "epoch", "worker", "keys"}`` (the DataLoader worker that made the batch; 0 without
 workers). A key is ``"source/shard/key"``. The parent kills this process (and its workers) with SIGKILL at
 some step. RANK / WORLD_SIZE in the environment make it one rank of a job (no process group is needed).
 """
@@ -62,26 +63,29 @@ def make_mix(cfg: dict[str, Any]) -> Any:
 
 def run(cfg: dict[str, Any]) -> None:
     mix = make_mix(cfg)
-    step = 0
+    step = first = 0
     loader_state = None
     if cfg.get("merge"):
         mix.load_state_dict(wds.merge_states(torch.load(p, weights_only=False)["loader"] for p in cfg["merge"]))
     elif os.path.exists(cfg["ckpt"]):
         saved = torch.load(cfg["ckpt"], weights_only=False)
-        step, loader_state = saved["step"], saved["loader"]
+        step, first, loader_state = saved["step"], saved["epoch"], saved["loader"]
     loader = StatefulDataLoader(mix, batch_size=cfg.get("batch", 8), num_workers=cfg["workers"], collate_fn=tagged)
-    if loader_state is not None:
-        loader.load_state_dict(loader_state)
     with open(cfg["log"], "a") as log:
-        for batch in loader:
-            step += 1
-            log.write(json.dumps({"step": step, **batch}) + "\n")
-            log.flush()
-            tmp = cfg["ckpt"] + ".tmp"
-            torch.save({"step": step, "loader": loader.state_dict()}, tmp)
-            os.replace(tmp, cfg["ckpt"])
-            if cfg.get("step_time", 0.01):
-                time.sleep(cfg.get("step_time", 0.01))  # the training step: time for the parent to kill mid-epoch
+        for epoch in range(first, cfg.get("epochs", 1)):
+            mix.set_epoch(epoch)
+            if loader_state is not None:
+                loader.load_state_dict(loader_state)
+                loader_state = None
+            for batch in loader:
+                step += 1
+                log.write(json.dumps({"step": step, "epoch": epoch, **batch}) + "\n")
+                log.flush()
+                tmp = cfg["ckpt"] + ".tmp"
+                torch.save({"step": step, "epoch": epoch, "loader": loader.state_dict()}, tmp)
+                os.replace(tmp, cfg["ckpt"])
+                # the training step: time for the parent to kill mid-epoch (a long one at step pause_at)
+                time.sleep(3.0 if step == cfg.get("pause_at") else cfg.get("step_time", 0.01))
         log.write(json.dumps({"step": step, "done": True}) + "\n")
 
 

@@ -68,7 +68,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Any:
 def _run(cfg: dict[str, Any], env: dict[str, str] | None = None, kill_at: int | None = None,
          settle: float = 0.0) -> int:
     """Run the child; with ``kill_at``, SIGKILL its process group once its log shows that step (and ``settle``
-    seconds more: with a long ``step_time``, time for that step's checkpoint to be written)."""
+    seconds more: with a long step (``pause_at``), time for that step's checkpoint to be written)."""
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO, **(env or {})}
     errors = cfg["log"] + ".stderr"
     with open(errors, "wb") as err:
@@ -167,7 +167,10 @@ def _check_windows(stream: list[str], end: int | None = None) -> int:
 # -- 1. kill and resume: the uninterrupted sequence -----------------------------------------------------------
 
 S = ["sa", "sb", "sc"]
-KILL_CONFIGS = [  # (name, config, when to kill: a random step, the first one, or one near the end)
+EPOCH_END_BUG = ("BUG: FluidPipeline.__iter__ (wds_async/data/fluid.py:156-160) checks the with_epoch limit only after "
+                 "yielding an item, so a mix resumed from a checkpoint of its epoch's last batch (count == n in each "
+                 "worker) yields one item more per DataLoader worker (also xfailed in tests/data/test_mix.py)")
+KILL_CONFIGS: list[Any] = [  # (name, config, when to kill: a random step, the first or last one, or late)
     ("finite-0-workers", {"names": S, "workers": 0}, "random"),
     ("finite-2-workers-late", {"names": S, "workers": 2}, "late"),
     ("finite-2-workers-at-step-1", {"names": S, "workers": 2, "shuffle": (16, 0, 0)}, "first"),
@@ -175,6 +178,10 @@ KILL_CONFIGS = [  # (name, config, when to kill: a random step, the first one, o
     ("indexed-0-workers-shuffle", {"names": S, "workers": 0, "index": True, "shuffle": (0, 12, 0)}, "random"),
     ("resampled-2-workers-shuffle", {"names": S, "workers": 2, "longest": True, "epoch": 150,
                                      "resampled": (True, True, False), "shuffle": (16, 0, 0)}, "random"),
+    pytest.param("resampled-2-workers-at-the-end", {"names": S, "workers": 2, "epoch": 150,
+                                                    "resampled": (True, True, True)}, "end",
+                 marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=EPOCH_END_BUG),
+                 id="resampled-2-workers-at-the-end"),
     ("round-robin-2-workers-shuffle", {"names": S, "workers": 2, "mix": "round_robin", "longest": True,
                                        "shuffle": (0, 12, 0)}, "random"),
 ]
@@ -182,16 +189,19 @@ KILL_CONFIGS = [  # (name, config, when to kill: a random step, the first one, o
 
 def _kill(cfg: dict[str, Any], nsteps: int, when: str) -> int:
     """Run ``cfg`` and SIGKILL it at a step chosen by ``when``; returns the step it was killed at. ``first``: during
-    step 1's training step, after its checkpoint (a DataLoader worker may not have delivered anything yet)."""
-    if when == "first":
-        assert _run({**cfg, "step_time": 2.0}, kill_at=1, settle=0.5) == -9
-        return 1
+    step 1's training step, after its checkpoint (a DataLoader worker may not have delivered anything yet);
+    ``end``: during the last step, after its checkpoint (nothing is left to deliver)."""
+    if when in ("first", "end"):
+        at = 1 if when == "first" else nsteps
+        assert _run({**cfg, "pause_at": at}, kill_at=at, settle=0.5) == -9
+        return at
     kill_at = RNG.randrange(int(nsteps * 0.8), nsteps - 2) if when == "late" else RNG.randrange(2, nsteps - 3)
     assert _run(cfg, kill_at=kill_at) == -9, "the child finished before it could be killed"
     return kill_at
 
 
-@pytest.mark.parametrize("name,extra,when", KILL_CONFIGS, ids=[c[0] for c in KILL_CONFIGS])
+@pytest.mark.parametrize("name,extra,when", [pytest.param(*c, id=c[0]) if type(c) is tuple else c
+                                              for c in KILL_CONFIGS])
 def test_sigkill_and_resume_continue_the_uninterrupted_sequence(data: Any, tmp_path: Path, name: str,
                                                                 extra: dict[str, Any], when: str) -> None:
     cfg = _config(data, tmp_path, **extra)
@@ -205,7 +215,8 @@ def test_sigkill_and_resume_continue_the_uninterrupted_sequence(data: Any, tmp_p
     resumed_log = str(tmp_path / "resumed.log")
     _run({**cfg, "log": resumed_log})
     after = _batches(resumed_log)
-    assert after and after[0]["step"] == saved + 1, "the resumed run did not start after the checkpointed step"
+    if when != "end":
+        assert after and after[0]["step"] == saved + 1, "the resumed run did not start after the checkpointed step"
     got = before + _keys(after)
     assert got == reference, f"{name}: killed at step {kill_at} (checkpoint {saved}): {_mismatch(got, reference)}"
 
@@ -236,6 +247,33 @@ def test_second_resume_still_continues_the_sequence(data: Any, tmp_path: Path, w
     got += _keys(last)
     assert got == reference, f"killed at {first} (checkpoint {saved1}) and {second} (checkpoint {saved2}): " \
         + _mismatch(got, reference)
+
+
+@pytest.mark.parametrize("when", ["in-epoch-1", "at-epoch-0-end"])
+def test_resume_across_epochs_continues_the_sequence(data: Any, tmp_path: Path, when: str) -> None:
+    """Two epochs (``mix.set_epoch(e)`` before each): killed in the second, or right after the checkpoint of the
+    first epoch's last batch; the resumed run goes on with the same sequence (the second epoch a new one)."""
+    cfg = _config(data, tmp_path, names=S, workers=2, shuffle=(16, 0, 8), epochs=2)
+    reference = _reference(cfg, tmp_path)
+    lines = _batches(str(tmp_path / "ref.log"))
+    end0 = max(line["step"] for line in lines if line["epoch"] == 0)
+    assert lines[-1]["epoch"] == 1 and lines[-1]["step"] > end0 + 10
+    epochs = [_keys([line for line in lines if line["epoch"] == e]) for e in (0, 1)]
+    assert epochs[0] != epochs[1], "set_epoch(1) did not change the sequence"
+    if when == "at-epoch-0-end":
+        assert _run({**cfg, "pause_at": end0}, kill_at=end0, settle=0.5) == -9
+    else:
+        assert _run(cfg, kill_at=RNG.randrange(end0 + 2, lines[-1]["step"] - 2)) == -9
+    saved = _checkpointed(cfg)
+    if when == "at-epoch-0-end":
+        assert saved == end0
+    before = _keys(_batches(cfg["log"], upto=saved))
+    resumed_log = str(tmp_path / "resumed.log")
+    _run({**cfg, "log": resumed_log})
+    after = _batches(resumed_log)
+    assert after and after[0]["step"] == saved + 1
+    got = before + _keys(after)
+    assert got == reference, f"{when}: checkpoint {saved} (epoch 0 ends at step {end0}): {_mismatch(got, reference)}"
 
 
 # -- 3. proportions through the DataLoader ---------------------------------------------------------------------
@@ -408,7 +446,7 @@ def test_elastic_resume_from_a_checkpoint_before_some_worker_delivered(data: Any
     """A checkpoint of step 1 with 2 workers: worker 0 made the batch, worker 1 had delivered nothing (its mix
     saved no state). Single WebDatasets merge such a process as owing its whole share; a mix must too, and not
     make the new job start afresh, which would deliver the old job's first batches again."""
-    base = _config(data, tmp_path, names=S, workers=2, longest=True, step_time=2.0)
+    base = _config(data, tmp_path, names=S, workers=2, longest=True, pause_at=1)
     old = []
     for rank in range(2):
         cfg = {**base, "ckpt": str(tmp_path / f"old{rank}.ckpt"), "log": str(tmp_path / f"old{rank}.log")}
@@ -420,7 +458,7 @@ def test_elastic_resume_from_a_checkpoint_before_some_worker_delivered(data: Any
     import torch
 
     wds.merge_states(torch.load(cfg["ckpt"], weights_only=False)["loader"] for cfg in old)
-    cfg = {**base, "workers": 0, "merge": [cfg["ckpt"] for cfg in old], "step_time": 0,
+    cfg = {**base, "workers": 0, "merge": [cfg["ckpt"] for cfg in old], "step_time": 0, "pause_at": None,
            "ckpt": str(tmp_path / "new.ckpt"), "log": str(tmp_path / "new.log")}
     _run(cfg)
     got = Counter(before + _keys(_batches(cfg["log"])))
