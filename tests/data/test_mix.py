@@ -497,7 +497,7 @@ def test_sources_with_one_cache_dir_read_from_the_cache(served: StoreProcess, tm
 
 
 @pytest.mark.xfail(strict=True, reason="BUG: sources with the same cache_dir never share an engine: each WebDataset "
-                   "makes its own ShardCache (data/dataset.py, make_cache) and mix._compatible (data/mix.py:411-412) "
+                   "makes its own ShardCache (wds_async/data/dataset.py:176, make_cache) and _compatible (wds_async/data/mix.py:411-412) "
                    "groups by `a.cache is b.cache`, so a cache (or WDS_ASYNC_CACHE_DIR) gives an engine per source")
 def test_sources_with_one_cache_dir_share_one_engine(served: StoreProcess, tmp_path: Path) -> None:
     mix = wds.RandomMix([_source(served, name, cache_dir=tmp_path) for name in "abc"], seed=1, longest=True)
