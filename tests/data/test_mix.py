@@ -3,7 +3,7 @@ pieces, through JSON and pickle, with shuffle buffers in the sources, resampled 
 lists, stages and another epoch on the mix) and ``merge_states`` re-splits it; balanced draws keep every source
 at its weight; one engine reads all sources and stops with the mix; schemes mix; bad input and bad states are
 clear errors; a failing source fails or is skipped by its own handler; faults change nothing; ``seed=None``
-draws as webdataset. Library bugs found are ``xfail(strict=True)`` with the cause in their reason."""
+draws as webdataset."""
 
 from __future__ import annotations
 
@@ -179,12 +179,6 @@ def test_resume_resampled_sources_with_their_own_epochs(served: StoreProcess) ->
     assert [sum(which(s) == name for s in full) for name in "abc"] == [60, 30, 10]
 
 
-EPOCH_BUG = ("BUG: FluidPipeline.__iter__ (wds_async/data/fluid.py:144-160) checks the with_epoch limit only after "
-             "yielding an item, so a pipeline resumed from a state saved after its epoch's last item (count == n) "
-             "yields one item more; a mix resumes such a source (or itself) with an extra sample")
-
-
-@pytest.mark.xfail(strict=True, reason=EPOCH_BUG)
 @pytest.mark.parametrize("where", ["epoch-on-the-mix", "epochs-on-the-sources", "a-sources-epoch"])
 def test_resume_right_after_an_epochs_last_item(served: StoreProcess, where: str) -> None:
     def make() -> Any:
@@ -231,11 +225,6 @@ def test_resume_longest_after_a_source_ran_out(served: StoreProcess, kind: str) 
     assert in_pieces(make, [k, 3, 3]) == full
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError, reason="BUG: a mix that has been iterated cannot be pickled "
-                   "(TypeError: cannot pickle '_thread.lock'): FluidPipeline._current keeps the last pass, whose "
-                   "_MixPass (wds_async/data/mix.py:236-246) holds the closed SharedEngines (their threading.Lock, "
-                   "wds_async/engine/shared.py:65) "
-                   "and source copies whose _shared points at them; a WebDataset pickles after iterating")
 def test_a_mix_pickles_after_it_was_iterated(served: StoreProcess) -> None:
     """DataLoader workers started by spawn or forkserver receive the dataset pickled, maybe after the main process
     looked at a sample."""
@@ -496,9 +485,6 @@ def test_sources_with_one_cache_dir_read_from_the_cache(served: StoreProcess, tm
     assert again.stats()["cache_hits"] == 3 * N_SHARDS
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: sources with the same cache_dir never share an engine: each WebDataset "
-                   "makes its own ShardCache (wds_async/data/dataset.py:176, make_cache) and _compatible (wds_async/data/mix.py:411-412) "
-                   "groups by `a.cache is b.cache`, so a cache (or WDS_ASYNC_CACHE_DIR) gives an engine per source")
 def test_sources_with_one_cache_dir_share_one_engine(served: StoreProcess, tmp_path: Path) -> None:
     mix = wds.RandomMix([_source(served, name, cache_dir=tmp_path) for name in "abc"], seed=1, longest=True)
     during, samples = _threads_while_iterating(mix)
@@ -580,6 +566,8 @@ def test_a_mix_of_schemes_delivers_every_sample_once(served: StoreProcess, data:
     ([0, 0, 0], r"all zero"),
     ([1, 1], r"2 weights .* for 3 datasets"),
     ([1, "x", 1], r"must be numbers"),
+    (["1", "2", "3"], r"must be numbers"),
+    ([1, True, 1], r"must be numbers"),
     ([1, float("nan"), 1], r"weight of dataset 1 is nan"),
     ([1, float("inf"), 1], r"weight of dataset 1 is inf"),
     ("sizes", r"not 'sizes'"),

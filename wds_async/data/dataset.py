@@ -210,6 +210,12 @@ class WebDataset(FluidPipeline):
             shardshuffle=shardshuffle, seed=seed, resampled=resampled, detshuffle=detshuffle,
             drop_last=drop_last, splitters=(nodesplitter, workersplitter))
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A mix's copy of a source pickles without its binding to the mix's engine (a thread and a lock).
+        state = dict(self.__dict__)
+        state.pop("_shared", None)
+        return state
+
     # -- shards and epochs ---------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose shard order the next iteration uses (with ``shardshuffle``)."""
@@ -310,7 +316,8 @@ class WebDataset(FluidPipeline):
         if isinstance(ep.items, list):
             todo = list(todo)
             if not todo:
-                self._worker_stats.publish(stats)()  # a DataLoader worker clears its slot in stats()
+                if self._shared is None:
+                    self._worker_stats.publish(stats)()  # a DataLoader worker clears its slot in stats()
                 if not ep.items:
                     log.info("wds-async: this process has no work (%d shards for more ranks/workers)", len(self.urls))
                 return
@@ -324,7 +331,8 @@ class WebDataset(FluidPipeline):
 
         samples = self._engine(todo, stats, on_sample=on_sample, on_item_done=progress.finished)
         set_path = _path_setter() if self._local else None
-        stop_publishing = self._worker_stats.publish(stats)  # DataLoader workers only: see stats()
+        # DataLoader workers only (see stats()); a mix's source leaves that to the mix, which owns the engine.
+        stop_publishing = self._worker_stats.publish(stats) if self._shared is None else _no_publishing
         try:
             for sample in samples:
                 count += 1
@@ -358,6 +366,10 @@ class WebDataset(FluidPipeline):
         # redact_text, not redact_url: a pipe: command's URLs are scrubbed too (a repr is only shown, never a key)
         shown = redact_text(self.urls[0]) + (f" ... ({len(self.urls)} shards)" if len(self.urls) > 1 else "")
         return f"WebDataset({shown!r}, stages={len(self._stages)}, config={self.config})"
+
+
+def _no_publishing() -> None:
+    return None
 
 
 def _path_setter() -> Callable[[Any], None]:

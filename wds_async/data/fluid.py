@@ -147,6 +147,8 @@ class FluidPipeline(IterableDataset):  # type: ignore[type-arg]
         counters = [0, 0]  # [repetition, items yielded in this epoch]
         if resume is not None and "elastic" not in resume:
             counters = [resume["reps"], resume["count"]]
+            if 0 < limit <= counters[1]:
+                return  # saved just as the epoch's last item was delivered: nothing is left of this epoch
         while counters[0] < self._repetitions:
             run = _Pass()
             self._current = (run, counters)

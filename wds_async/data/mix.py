@@ -39,6 +39,7 @@ import contextlib
 import copy
 import itertools
 import math
+import numbers
 import random
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -226,6 +227,17 @@ class _Counted:
 _MISSING = object()
 
 
+def _copy(data: Any) -> Any:
+    """The source a pass reads: a copy of a pipeline (with counters of its own, so the user's dataset object does
+    not show the mix's), or a counted plain iterable."""
+    if not isinstance(data, FluidPipeline):
+        return _Counted(data)
+    source = copy.copy(data)
+    if hasattr(source, "_stats_box"):
+        source._stats_box = [None]
+    return source
+
+
 def _fingerprint(data: Any) -> str:
     planner = getattr(data, "_planner", None)
     if planner is not None:
@@ -244,6 +256,10 @@ class _MixPass:
         self.ended: set[int] = set()
         self.epoch = epoch
         self.seed_text = seed_text
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A pickled mix (for a spawned DataLoader worker) carries where its pass stands, never its engines.
+        return {**self.__dict__, "engines": []}
 
 
 class _Mix(FluidPipeline):
@@ -292,7 +308,7 @@ class _Mix(FluidPipeline):
         saved = self._saved(resume)
         elastic = saved is not None and saved.get("elastic", False)
         epoch = int(saved["epoch"]) if saved is not None and not elastic else self.epoch
-        sources = [copy.copy(d) if isinstance(d, FluidPipeline) else _Counted(d) for d in self.datasets]
+        sources = [_copy(d) for d in self.datasets]
         seed_text = self._seed_text() if saved is None or elastic else saved["seed_text"]
         chooser = self._chooser(seed_text)
         mix = _MixPass(sources, chooser, [], epoch, seed_text)
@@ -358,6 +374,12 @@ class _Mix(FluidPipeline):
                     close()
             for engine in mix.engines:
                 engine.close()
+            # The pass stays readable for state_dict(), but keeps no engine (a lock, a thread): the mix pickles
+            # after a pass, as spawned DataLoader workers need.
+            mix.engines = []
+            for source in mix.sources:
+                if getattr(source, "_shared", None) is not None:
+                    source._shared = None
             stats = self._stats_box[0]
             if stats is not None and stats.concurrency:
                 self._tuned = stats.concurrency
@@ -409,7 +431,15 @@ def _compatible(a: StreamSpec, b: StreamSpec) -> bool:
     """Whether two sources can share one engine: the same backends, options per scheme and cache (the engine's
     settings, its byte budget and connections, are those of the first source of the group)."""
     return (a.backends is b.backends or (not a.backends and not b.backends)) and \
-        _options(a.backend_options) == _options(b.backend_options) and a.cache is b.cache
+        _options(a.backend_options) == _options(b.backend_options) and _cache_key(a.cache) == _cache_key(b.cache)
+
+
+def _cache_key(cache: Any) -> Any:
+    """Two caches are the same when they keep the same directory under the same rules (each dataset makes its
+    own ``ShardCache`` object, even from one ``cache_dir`` or ``WDS_CACHE``)."""
+    if cache is None:
+        return None
+    return (type(cache).__name__, cache.directory, cache.max_bytes, cache.validate)
 
 
 def _options(options: Any) -> Any:
@@ -440,10 +470,9 @@ def _sizes(name: str, by: str, datasets: list[Any]) -> list[float]:
 def _check_weights(name: str, weights: Sequence[float] | None, count: int) -> list[float]:
     if weights is None:
         return [1.0] * count
-    try:
-        values = [float(w) for w in weights]
-    except (TypeError, ValueError):
-        raise ValueError(f"{name}: weights must be numbers, got {weights!r}") from None
+    if any(isinstance(w, (str, bytes, bool)) or not isinstance(w, numbers.Real) for w in weights):
+        raise ValueError(f"{name}: weights must be numbers, got {list(weights)!r}")
+    values = [float(w) for w in weights]
     if len(values) != count:
         raise ValueError(f"{name}: {len(values)} weights (probabilities) for {count} datasets")
     bad = [i for i, w in enumerate(values) if not (w >= 0 and math.isfinite(w))]
