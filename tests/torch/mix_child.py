@@ -6,10 +6,12 @@
 
 CONFIG keys:
     sources: a list of ``{"urls", "index", "seed", "shuffle", "resampled"}``, one per source
-    mix: ``"random"`` (with ``probs``, ``seed``) or ``"round_robin"``; longest; epoch (``.with_epoch(n)``)
+    mix: ``"random"`` (with ``probs``, ``seed``) or ``"round_robin"``; longest; epoch (``.with_epoch(n)``);
+        listed (``.listed(n)`` on the mix: batches of n made by the mix, the DataLoader's batch_size None)
     workers, batch, ckpt, log, step_time, pause_at (a step that takes 3 s)
     epochs: default 1; ``mix.set_epoch(e)`` before each
-    merge: old checkpoints whose ``wds.merge_states`` this process loads (an elastic resume)
+    merge: old checkpoints whose ``wds.merge_states`` this process loads (an elastic resume), unless it has a
+        checkpoint of its own (``ckpt``) to resume from
     dist: init a gloo process group (under torchrun); runs: several such configs, one after the other
 
 Each log line is ``{"step", "epoch", "worker", "keys"}`` (the DataLoader worker that made the batch; 0 without
@@ -58,6 +60,8 @@ def make_mix(cfg: dict[str, Any]) -> Any:
         mix = wds.RandomMix(sources, cfg["probs"], longest=cfg.get("longest", False), seed=cfg["seed"])
     if cfg.get("epoch"):
         mix = mix.with_epoch(cfg["epoch"])
+    if cfg.get("listed"):
+        mix = mix.listed(cfg["listed"])  # batches made on the mix itself (then the DataLoader's batch_size is None)
     return mix
 
 
@@ -65,12 +69,13 @@ def run(cfg: dict[str, Any]) -> None:
     mix = make_mix(cfg)
     step = first = 0
     loader_state = None
-    if cfg.get("merge"):
-        mix.load_state_dict(wds.merge_states(torch.load(p, weights_only=False)["loader"] for p in cfg["merge"]))
-    elif os.path.exists(cfg["ckpt"]):
+    if os.path.exists(cfg["ckpt"]):  # this process's own checkpoint first: it may have been resumed elastically
         saved = torch.load(cfg["ckpt"], weights_only=False)
         step, first, loader_state = saved["step"], saved["epoch"], saved["loader"]
-    loader = StatefulDataLoader(mix, batch_size=cfg.get("batch", 8), num_workers=cfg["workers"], collate_fn=tagged)
+    elif cfg.get("merge"):
+        mix.load_state_dict(wds.merge_states(torch.load(p, weights_only=False)["loader"] for p in cfg["merge"]))
+    loader = StatefulDataLoader(mix, batch_size=None if cfg.get("listed") else cfg.get("batch", 8),
+                                num_workers=cfg["workers"], collate_fn=tagged)
     with open(cfg["log"], "a") as log:
         for epoch in range(first, cfg.get("epochs", 1)):
             mix.set_epoch(epoch)

@@ -167,10 +167,7 @@ def _check_windows(stream: list[str], end: int | None = None) -> int:
 # -- 1. kill and resume: the uninterrupted sequence -----------------------------------------------------------
 
 S = ["sa", "sb", "sc"]
-EPOCH_END_BUG = ("BUG: FluidPipeline.__iter__ (wds_async/data/fluid.py:156-160) checks the with_epoch limit only after "
-                 "yielding an item, so a mix resumed from a checkpoint of its epoch's last batch (count == n in each "
-                 "worker) yields one item more per DataLoader worker (also xfailed in tests/data/test_mix.py)")
-KILL_CONFIGS: list[Any] = [  # (name, config, when to kill: a random step, the first or last one, or late)
+KILL_CONFIGS = [  # (name, config, when to kill: a random step, the first or last one, or late)
     ("finite-0-workers", {"names": S, "workers": 0}, "random"),
     ("finite-2-workers-late", {"names": S, "workers": 2}, "late"),
     ("finite-2-workers-at-step-1", {"names": S, "workers": 2, "shuffle": (16, 0, 0)}, "first"),
@@ -178,10 +175,10 @@ KILL_CONFIGS: list[Any] = [  # (name, config, when to kill: a random step, the f
     ("indexed-0-workers-shuffle", {"names": S, "workers": 0, "index": True, "shuffle": (0, 12, 0)}, "random"),
     ("resampled-2-workers-shuffle", {"names": S, "workers": 2, "longest": True, "epoch": 150,
                                      "resampled": (True, True, False), "shuffle": (16, 0, 0)}, "random"),
-    pytest.param("resampled-2-workers-at-the-end", {"names": S, "workers": 2, "epoch": 150,
-                                                    "resampled": (True, True, True)}, "end",
-                 marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=EPOCH_END_BUG),
-                 id="resampled-2-workers-at-the-end"),
+    # checkpointed after the epoch's last batch: a with_epoch pipeline resumed there yields nothing more
+    ("resampled-2-workers-at-the-end", {"names": S, "workers": 2, "epoch": 150, "resampled": (True, True, True)},
+     "end"),
+    ("listed-on-the-mix-2-workers-shuffle", {"names": S, "workers": 2, "listed": 8, "shuffle": (0, 12, 8)}, "random"),
     ("round-robin-2-workers-shuffle", {"names": S, "workers": 2, "mix": "round_robin", "longest": True,
                                        "shuffle": (0, 12, 0)}, "random"),
 ]
@@ -200,8 +197,7 @@ def _kill(cfg: dict[str, Any], nsteps: int, when: str) -> int:
     return kill_at
 
 
-@pytest.mark.parametrize("name,extra,when", [pytest.param(*c, id=c[0]) if type(c) is tuple else c
-                                              for c in KILL_CONFIGS])
+@pytest.mark.parametrize("name,extra,when", KILL_CONFIGS, ids=[c[0] for c in KILL_CONFIGS])
 def test_sigkill_and_resume_continue_the_uninterrupted_sequence(data: Any, tmp_path: Path, name: str,
                                                                 extra: dict[str, Any], when: str) -> None:
     cfg = _config(data, tmp_path, **extra)
@@ -406,7 +402,8 @@ def test_elastic_resume_of_2_ranks_delivers_the_rest_once(data: Any, tmp_path: P
     """Two ranks x 2 workers are killed mid-epoch; ``merge_states`` of their checkpoints is loaded into the
     mix of every process of a job of another world size, which delivers every remaining sample of every
     source exactly once (with an index: plus the padding of the old and the new shares), in the weights'
-    proportions while every source still has samples."""
+    proportions while every source still has samples. The new job of one rank is then killed and resumed
+    from its own checkpoint, and must deliver what it delivered uninterrupted."""
     base = _config(data, tmp_path, names=NAMES, workers=2, longest=True, shuffle=(0, 16, 0), index=index)
     old = []
     for rank, kill_at in enumerate((RNG.randrange(20, 40), RNG.randrange(20, 40))):
@@ -438,6 +435,18 @@ def test_elastic_resume_of_2_ranks_delivers_the_rest_once(data: Any, tmp_path: P
     else:
         assert not extra, f"{sum(extra.values())} samples repeated, e.g. {sorted(extra)[:5]}"
     assert windows > (1000 if new_world == 1 else 300), f"only {windows} windows while every source had samples"
+    if new_world == 1:
+        # The new job is preempted too: killed, then resumed from its own checkpoint, it goes on as it would have.
+        cfg = {**cfg, "step_time": 0.001, "ckpt": str(tmp_path / "again.ckpt"), "log": str(tmp_path / "again.log")}
+        nsteps = _steps(str(tmp_path / "new0.log"))
+        kill_at = RNG.randrange(5, nsteps // 3)
+        assert _run(cfg, kill_at=kill_at) == -9
+        saved = _checkpointed(cfg)
+        again = _keys(_batches(cfg["log"], upto=saved))
+        _run({**cfg, "log": str(tmp_path / "again-resumed.log")})
+        again += _keys(_batches(str(tmp_path / "again-resumed.log")))
+        assert again == after, f"the elastically resumed job killed at {kill_at} (checkpoint {saved}): " \
+            + _mismatch(again, after)
 
 
 @pytest.mark.xfail(strict=True, raises=ValueError, reason="BUG: merge_states refuses mix states when one loader "
