@@ -35,8 +35,8 @@ Checkpoints
 from __future__ import annotations
 
 import bisect
-import contextlib
 import copy
+import heapq
 import itertools
 import math
 import numbers
@@ -57,10 +57,22 @@ _DRAWS = ("balanced", "independent")
 
 # -- choosers: which source gives the next item --------------------------------------------------------------
 class _Chooser:
-    """Picks the next source among ``active`` (indices of sources not run out); state for checkpoints."""
+    """Picks the next source among those not run out (:meth:`drop` removes one); state for checkpoints.
+    ``first_order()`` lists the sources by when they are likely first drawn (what priming follows)."""
 
-    def pick(self, active: list[int]) -> int:
+    def __init__(self, weights: Sequence[float]) -> None:
+        self.weights = list(weights)
+        self.active = list(range(len(weights)))
+
+    def pick(self) -> int:
         raise NotImplementedError
+
+    def drop(self, i: int) -> None:
+        if i in self.active:
+            self.active.remove(i)
+
+    def first_order(self) -> list[int]:
+        return sorted(self.active, key=lambda i: (-self.weights[i], i))
 
     def state(self) -> dict[str, Any]:
         return {}
@@ -71,19 +83,30 @@ class _Chooser:
 
 class _GlobalDraws(_Chooser):
     """webdataset 1.0.2's draws: one ``random.random()`` of the global generator per item, searched in the
-    cumulative weights of the sources still active (renormalised)."""
+    cumulative weights of the sources still active (renormalised, as webdataset recomputes them every draw)."""
 
     def __init__(self, weights: Sequence[float]) -> None:
-        self.weights = weights
+        super().__init__(weights)
+        self._cumulative = self._sums()
 
-    def pick(self, active: list[int]) -> int:
-        weights = [self.weights[i] for i in active]
-        total, r = sum(weights), random.random()
-        if total <= 0:
-            return active[0]  # only zero-weight sources are left (longest=True): drained in order, as webdataset
-        cumulative = list(itertools.accumulate(w / total for w in weights))
+    def _sums(self) -> list[float]:
+        weights = [self.weights[i] for i in self.active]
+        total = sum(weights)
+        return list(itertools.accumulate(w / total for w in weights)) if total > 0 else []
+
+    def _random(self) -> float:
+        return random.random()
+
+    def pick(self) -> int:
+        r = self._random()
+        if not self._cumulative:
+            return self.active[0]  # only zero-weight sources are left (longest=True): drained in order, as webdataset
         # The first cumulative weight >= r, like numpy's searchsorted; rounding cannot overrun.
-        return active[min(bisect.bisect_left(cumulative, r), len(active) - 1)]
+        return self.active[min(bisect.bisect_left(self._cumulative, r), len(self.active) - 1)]
+
+    def drop(self, i: int) -> None:
+        super().drop(i)
+        self._cumulative = self._sums()
 
     def state(self) -> dict[str, Any]:
         return {"global": True}
@@ -102,16 +125,11 @@ class _IndependentDraws(_GlobalDraws):
     """The same draws from a generator of the mix's own."""
 
     def __init__(self, weights: Sequence[float], seed: str) -> None:
-        super().__init__(weights)
         self.rng = random.Random(seed)
+        super().__init__(weights)
 
-    def pick(self, active: list[int]) -> int:
-        weights = [self.weights[i] for i in active]
-        total, r = sum(weights), self.rng.random()
-        if total <= 0:
-            return active[0]
-        cumulative = list(itertools.accumulate(w / total for w in weights))
-        return active[min(bisect.bisect_left(cumulative, r), len(active) - 1)]
+    def _random(self) -> float:
+        return self.rng.random()
 
     def state(self) -> dict[str, Any]:
         return {"rng": _rng_state(self.rng)}
@@ -122,25 +140,40 @@ class _IndependentDraws(_GlobalDraws):
 
 class _BalancedDraws(_Chooser):
     """Source ``i``'s ``k``-th item is due at ``(k + u) / w_i`` (``u`` uniform, fresh per item); the source due
-    first is drawn (see the module docstring). Zero-weight sources are never due; they are drained in order
-    once they are all that is left."""
+    first is drawn (see the module docstring), from a heap of ``(due, source)``. Zero-weight sources are never
+    due; they are drained in order once they are all that is left."""
 
     def __init__(self, weights: Sequence[float], seed: str) -> None:
-        self.weights = weights
+        super().__init__(weights)
         self.rng = random.Random(seed)
         self.count = [0] * len(weights)
         self.due = [self._due(i) for i in range(len(weights))]
+        self._heap: list[tuple[float, int]] = []
+        self._rebuild()
 
     def _due(self, i: int) -> float:
         u = self.rng.random()
         return (self.count[i] + u) / self.weights[i] if self.weights[i] > 0 else math.inf
 
-    def pick(self, active: list[int]) -> int:
-        i = min(active, key=lambda j: (self.due[j], j))
-        if self.weights[i] > 0:
-            self.count[i] += 1
-            self.due[i] = self._due(i)
+    def _rebuild(self) -> None:
+        self._heap = [(self.due[i], i) for i in self.active if self.weights[i] > 0]
+        heapq.heapify(self._heap)
+
+    def pick(self) -> int:
+        if not self._heap:
+            return self.active[0]
+        i = self._heap[0][1]
+        self.count[i] += 1
+        self.due[i] = due = self._due(i)
+        heapq.heapreplace(self._heap, (due, i))
         return i
+
+    def drop(self, i: int) -> None:
+        super().drop(i)
+        self._rebuild()
+
+    def first_order(self) -> list[int]:
+        return [i for _, i in sorted(self._heap)] + [i for i in self.active if self.weights[i] <= 0]
 
     def state(self) -> dict[str, Any]:
         return {"rng": _rng_state(self.rng), "count": list(self.count),
@@ -150,19 +183,24 @@ class _BalancedDraws(_Chooser):
         _set_rng(self.rng, state["rng"])
         self.count = [int(c) for c in state["count"]]
         self.due = [math.inf if d is None else float(d) for d in state["due"]]
+        self._rebuild()
 
 
 class _Turns(_Chooser):
     """Round robin: the sources in turn, skipping those that ran out."""
 
-    def __init__(self) -> None:
+    def __init__(self, count: int) -> None:
+        super().__init__([1.0] * count)
         self.next = 0
 
-    def pick(self, active: list[int]) -> int:
-        at = bisect.bisect_left(active, self.next)
-        i = active[at] if at < len(active) else active[0]
+    def pick(self) -> int:
+        at = bisect.bisect_left(self.active, self.next)
+        i = self.active[at] if at < len(self.active) else self.active[0]
         self.next = i + 1
         return i
+
+    def first_order(self) -> list[int]:
+        return list(self.active)
 
     def state(self) -> dict[str, Any]:
         return {"next": self.next}
@@ -174,23 +212,25 @@ class _Turns(_Chooser):
 def _draw(iterators: list[Iterator[Any]], chooser: _Chooser, longest: bool, ended: set[int]) -> Iterator[Any]:
     """Items of ``iterators`` in the order ``chooser`` picks them. A picked iterator that has run out is added
     to ``ended`` and ends the stream, or with ``longest`` is dropped and the rest go on."""
-    active = [i for i in range(len(iterators)) if i not in ended]
-    while active:
-        i = chooser.pick(active)
+    for i in ended:
+        chooser.drop(i)
+    pick = chooser.pick
+    while chooser.active:
+        i = pick()
         try:
             item = next(iterators[i])
         except StopIteration:
             ended.add(i)
             if not longest:
                 return
-            active.remove(i)
+            chooser.drop(i)
             continue
         yield item
 
 
 def _round_robin(sources: list[Iterator[Any]], longest: bool) -> Iterator[Any]:
     """webdataset's ``round_robin_shortest`` / ``round_robin_longest`` over iterators."""
-    return _draw(sources, _Turns(), longest, set())
+    return _draw(sources, _Turns(len(sources)), longest, set())
 
 
 def _random_samples(sources: list[Iterator[Any]], probs: Sequence[float] | None, longest: bool) -> Iterator[Any]:
@@ -320,45 +360,60 @@ class _Mix(FluidPipeline):
             if not elastic:
                 chooser.load(saved["chooser"])
                 mix.ended = {int(i) for i in saved["ended"]}
-        mix.engines = self._bind(sources, fresh=saved is None)
+        mix.engines = self._bind(sources, chooser.first_order() if saved is None else None)
         return self._items(mix)
 
-    def _bind(self, sources: list[Any], fresh: bool) -> list[SharedEngine]:
+    def _bind(self, sources: list[Any], order: list[int] | None) -> list[SharedEngine]:
         """Put the WebDataset sources on shared engines, one per group of compatible stores (see the module
-        docstring), and prime each with its first items when the pass starts afresh."""
+        docstring); when the pass starts afresh, prime them in ``order`` (the order of their first draws): every
+        source's first item first, then the rest of each one's window, so a source drawn early never waits behind
+        the whole windows of the sources listed before it."""
         from .dataset import WebDataset
 
-        groups: list[tuple[StreamSpec, list[int]]] = []
+        specs: dict[int, StreamSpec] = {}
+        groups: list[list[int]] = []
         for i, source in enumerate(sources):
             if not isinstance(source, WebDataset) or (self.weights[i] <= 0 and not self.longest):
                 continue
             spec, _share = source._stream_spec()
             if spec.service is not None:
                 continue  # read through the node service, whose engine all its clients share already
-            for group_spec, members in groups:
-                if _compatible(group_spec, spec):
+            specs[i] = spec
+            for members in groups:
+                if _compatible(specs[members[0]], spec):
                     members.append(i)
                     break
             else:
-                groups.append((spec, [i]))
+                groups.append([i])
         engines = []
         stats = Stats()
         self._stats_box[0] = stats
-        for spec, members in groups:
+        for members in groups:
+            spec = specs[members[0]]
             config = spec.config
             if config.autotune and self._tuned:
                 config = config.replace(start_connections=self._tuned)
-            rules = tuple(sources[i]._stream_spec()[0] if k else spec for k, i in enumerate(members))
             engine = SharedEngine(StreamSpec(config, spec.handler, spec.select_files, spec.rename_files,
                                              backends=spec.backends, backend_options=spec.backend_options,
-                                             cache=spec.cache, log_interval=spec.log_interval, routes=rules),
+                                             cache=spec.cache, log_interval=spec.log_interval,
+                                             routes=tuple(specs[i] for i in members)),
                                   stats, [self.weights[i] for i in members])
             engines.append(engine)
             for route, i in enumerate(members):
                 sources[i]._shared = (engine, route)
-                if fresh:
-                    with contextlib.suppress(Exception):  # a plan that cannot be previewed is read unprimed
-                        engine.prime(route, iter(sources[i].work_items()))
+        if order is not None:
+            plans: dict[int, Iterator[Any]] = {}
+            for i in order:
+                if getattr(sources[i], "_shared", None) is None:
+                    continue
+                try:
+                    plans[i] = iter(sources[i].work_items())
+                except Exception:  # a plan that cannot be previewed is read unprimed
+                    continue
+            for first in (True, False):
+                for i, plan in plans.items():
+                    engine, route = sources[i]._shared
+                    engine.prime(route, plan, 1 if first else None)
         return engines
 
     def _items(self, mix: _MixPass) -> Iterator[Any]:
@@ -519,4 +574,4 @@ class RoundRobin(_Mix):
         super().__init__(datasets, None, longest, seed=0, draws="balanced")
 
     def _chooser(self, seed_text: str | None) -> _Chooser:
-        return _Turns()
+        return _Turns(len(self.datasets))

@@ -147,9 +147,10 @@ class Bridge:
         return self._channel
 
     # -- consumer thread -----------------------------------------------------------------------
-    def batches(self, route: int | None = None) -> Iterator[list[Any]]:
+    def batches(self, route: int | None = None, max_bytes: int | None = None) -> Iterator[list[Any]]:
         """Yield lists of items (samples, or exceptions to raise) until the engine is done; with ``routes``,
-        those of ``route`` until it ended.
+        those of ``route`` until it ended. ``max_bytes``: the most bytes in one list (default: the config's
+        hand-off size).
 
         Items are taken straight from the channel under its lock; the loop thread is only *notified*
         (bytes released, waiters woken), so a busy loop never delays the consumer.
@@ -163,7 +164,8 @@ class Bridge:
             if not isinstance(channel, RoutedChannel):
                 raise EngineError("Bridge.batches(route) on a bridge started without routes")
             take = functools.partial(channel.take_route, route)
-        max_items, max_bytes = self._config.handoff_max_samples, self._config.handoff_bytes
+        max_items = self._config.handoff_max_samples
+        max_bytes = self._config.handoff_bytes if max_bytes is None else max(1, max_bytes)
 
         def release(nbytes: int) -> None:
             self._call_soon(budget.release, nbytes)

@@ -15,6 +15,11 @@ How much each source prefetches
     so it never starves the consumer and never floods the budget. Together the sources keep about ``level`` plus
     one item each in flight, what a single dataset's engine keeps (its readers) plus one item per source.
 
+Hand-off
+    A consumer holds the list of samples it took until it has used them, outside the byte budget; a route's lists
+    are its share of the hand-off size (at least 1 MiB), so all routes together hold about one hand-off, not one
+    each.
+
 Priming
     A source's iterator starts at its first draw, which for a rare source may come thousands of samples into the
     epoch; its first item would then start only when it is already needed. :meth:`SharedEngine.prime` submits a
@@ -26,9 +31,10 @@ Priming
 from __future__ import annotations
 
 import collections
+import itertools
 import math
 import threading
-from collections.abc import Generator, Iterable, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -82,18 +88,21 @@ class SharedEngine:
                                               max(1, config.max_buffered_bytes // (2 * STREAM_ALLOWANCE)))
         return 1 + math.ceil(self.shares[route] * level - 1e-9)  # 0.3 * 40 is 12.000000000000002
 
-    def prime(self, route: int, items: Iterable[WorkItem]) -> None:
-        """Submit ``route``'s first items now, ahead of its first draw (see the module docstring)."""
+    def prime(self, route: int, items: Iterator[WorkItem], count: int | None = None) -> None:
+        """Submit ``route``'s first items now, ahead of its first draw (see the module docstring): ``count`` more
+        of them, or as many as fill its window. A mix primes every source's first item before any second one."""
         if self.shares[route] <= 0:
             return  # drawn only once every other source ran out: nothing to gain from reading it early
         _, feed = self._started()
         primed = self._primed.setdefault(route, collections.deque())
+        wanted = self.window(route) - len(primed) if count is None else count
         batch = []
-        for item, _ in zip(items, range(self.window(route))):
+        for item in itertools.islice(items, max(0, wanted)):  # not zip(items, range(n)): it would take one more
             batch.append(replace(item, id=self._next_primed_id, route=route))
             primed.append((self._next_primed_id, item))
             self._next_primed_id -= 1
-        feed.submit(batch)
+        if batch:
+            feed.submit(batch)
 
     def batches(self, items: Iterable[WorkItem], route: int) -> Generator[list[Any], None, None]:
         """The lists a bridge over ``items`` alone would hand over (samples, end-of-item markers, errors to
@@ -128,7 +137,10 @@ class SharedEngine:
         complete = False
         try:
             top_up()
-            for batch in bridge.batches(route):
+            # Each route's consumer holds the list it took until it has used it, outside the budget: lists of
+            # the route's share of the hand-off size (at least 1 MiB) keep all of them near one hand-off.
+            handoff = max(1 << 20, int(self.spec.config.handoff_bytes * self.shares[route]))
+            for batch in bridge.batches(route, handoff):
                 out: list[Any] = []
                 for got in batch:
                     kind = type(got)
