@@ -8,7 +8,8 @@ CONFIG keys:
     sources: a list of ``{"urls", "index", "seed", "shuffle", "resampled"}``, one per source
     mix: ``"random"`` (with ``probs``, ``seed``) or ``"round_robin"``; longest; epoch (``.with_epoch(n)``);
         listed (``.listed(n)`` on the mix: batches of n made by the mix, the DataLoader's batch_size None)
-    workers, batch, ckpt, log, step_time, pause_at (a step that takes 3 s)
+    workers, batch, ckpt, log, step_time, pause_at (a step that takes 3 s); snapshot_every (the loader's
+        snapshot_every_n_steps: workers send their state every n batches, the loader replays the rest)
     epochs: default 1; ``mix.set_epoch(e)`` before each
     merge: old checkpoints whose ``wds.merge_states`` this process loads (an elastic resume), unless it has a
         checkpoint of its own (``ckpt``) to resume from
@@ -75,7 +76,8 @@ def run(cfg: dict[str, Any]) -> None:
     elif cfg.get("merge"):
         mix.load_state_dict(wds.merge_states(torch.load(p, weights_only=False)["loader"] for p in cfg["merge"]))
     loader = StatefulDataLoader(mix, batch_size=None if cfg.get("listed") else cfg.get("batch", 8),
-                                num_workers=cfg["workers"], collate_fn=tagged)
+                                num_workers=cfg["workers"], collate_fn=tagged,
+                                snapshot_every_n_steps=cfg.get("snapshot_every", 1))
     with open(cfg["log"], "a") as log:
         for epoch in range(first, cfg.get("epochs", 1)):
             mix.set_epoch(epoch)

@@ -179,6 +179,8 @@ KILL_CONFIGS = [  # (name, config, when to kill: a random step, the first or las
     ("resampled-2-workers-at-the-end", {"names": S, "workers": 2, "epoch": 150, "resampled": (True, True, True)},
      "end"),
     ("listed-on-the-mix-2-workers-shuffle", {"names": S, "workers": 2, "listed": 8, "shuffle": (0, 12, 8)}, "random"),
+    ("snapshots-every-5-steps-2-workers-shuffle", {"names": S, "workers": 2, "snapshot_every": 5,
+                                                  "shuffle": (16, 0, 8)}, "random"),
     ("round-robin-2-workers-shuffle", {"names": S, "workers": 2, "mix": "round_robin", "longest": True,
                                        "shuffle": (0, 12, 0)}, "random"),
 ]
