@@ -158,6 +158,7 @@ class SharedEngine:
                         state["in_flight"] -= 1
                         top_up()
                     out.append(got)
+                top_up()  # the window grows with the concurrency: new tokens find this route's items waiting
                 if out:
                     yield out
                 if state["exhausted"] and not state["in_flight"] and not junk:
