@@ -451,8 +451,6 @@ def test_elastic_resume_of_2_ranks_delivers_the_rest_once(data: Any, tmp_path: P
             + _mismatch(again, after)
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason="BUG: merge_states refuses mix states when one loader "
-                   "process had delivered nothing yet (wds_async/data/state.py:194), though the others had")
 def test_elastic_resume_from_a_checkpoint_before_some_worker_delivered(data: Any, tmp_path: Path) -> None:
     """A checkpoint of step 1 with 2 workers: worker 0 made the batch, worker 1 had delivered nothing (its mix
     saved no state). Single WebDatasets merge such a process as owing its whole share; a mix must too, and not

@@ -448,7 +448,11 @@ class _Mix(FluidPipeline):
     def _source_state(self, run: Any) -> dict[str, Any] | None:
         mix = run.source if run is not None else None
         if mix is None:
-            return None
+            # Before the first pass: each source's own state before iteration (where it would start, in this
+            # process), so that merge_states can count this process's shares as wholly owed.
+            return {**self._identity(), "fresh": True, "epoch": self.epoch, "seed_text": None, "chooser": None,
+                    "ended": [], "sources": [d.state_dict() if isinstance(d, FluidPipeline) else {"taken": 0}
+                                             for d in self.datasets]}
         return {**self._identity(), "epoch": mix.epoch, "seed_text": mix.seed_text, "chooser": mix.chooser.state(),
                 "ended": sorted(mix.ended), "sources": [source.state_dict() for source in mix.sources]}
 
@@ -468,6 +472,8 @@ class _Mix(FluidPipeline):
             if saved[key] != mine[key]:
                 raise ValueError(f"{name}: the state is from a mix with other {what} ({saved[key]!r}, this one "
                                  f"has {mine[key]!r}); load it into the mix that saved it")
+        if saved.get("fresh"):
+            return None  # saved before the first pass: start afresh
         if not saved["seeded"] and not saved.get("elastic", False):
             raise ValueError(f"{name}: the state is from a mix without a seed, whose draws came from the global "
                              "random module, which no checkpoint restores; give the mix a seed (seed=...) "

@@ -192,8 +192,8 @@ def _merge_mixes(found: list[dict[str, Any]]) -> dict[str, Any]:
     a dataset's are; the new processes restart the draws with the mix's weights."""
     mixes = [state["source"] for state in found]
     if any(mix is None for mix in mixes):
-        raise ValueError("merge_states: a mix's state was saved before its first sample; with nothing delivered, "
-                         "start the new job afresh instead")
+        raise ValueError("merge_states: a mix's state without its sources' states (saved by an older wds-async); "
+                         "merge states saved by this version")
     first = mixes[0]
     for mix in mixes[1:]:
         for key in ("mix", "datasets", "weights", "longest", "draws"):
@@ -206,7 +206,7 @@ def _merge_mixes(found: list[dict[str, Any]]) -> dict[str, Any]:
         if any(not isinstance(state, dict) or state.get("wds_async") != STATE_VERSION for state in saved):
             raise ValueError(f"merge_states: source {i} of the mix is not a WebDataset (a list or a DataPipeline); "
                              "an elastic resume re-splits WebDataset sources only")
-        if all(state is None or state.get("source") is None for state in saved):
+        if all(state["source"]["epoch"] is None for state in saved):
             sources.append(None)  # this source had not started anywhere: it starts afresh
             continue
         sources.append(merge_states(saved))
