@@ -29,6 +29,7 @@ import pytest
 import wds_async as wds
 from benchmarks.make_shards import make_shards
 from emustore import Knobs, StoreProcess
+from tests.torch.children import checkpointed, lines, run_child, steps
 from wds_async.data.plan import shard_order, split_equal
 
 CHILD = str(Path(__file__).with_name("mix_child.py"))
@@ -67,53 +68,13 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def _run(cfg: dict[str, Any], env: dict[str, str] | None = None, kill_at: int | None = None,
          settle: float = 0.0) -> int:
-    """Run the child; with ``kill_at``, SIGKILL its process group once its log shows that step (and ``settle``
-    seconds more: with a long step (``pause_at``), time for that step's checkpoint to be written)."""
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO, **(env or {})}
-    errors = cfg["log"] + ".stderr"
-    with open(errors, "wb") as err:
-        proc = subprocess.Popen([sys.executable, CHILD, json.dumps(cfg)], env=full_env, start_new_session=True,
-                                stdout=subprocess.DEVNULL, stderr=err)
-    try:
-        deadline = time.monotonic() + 90
-        while proc.poll() is None and time.monotonic() < deadline:
-            if kill_at is not None and _steps(cfg["log"]) >= kill_at:
-                time.sleep(settle)
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
-                return -9
-            time.sleep(0.005)
-        if proc.poll() is None:
-            raise AssertionError(f"child still running after 90 s: {cfg}")
-        assert proc.returncode == 0, Path(errors).read_text()[-3000:]
-        return 0
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-
-
-def _lines(log: str) -> list[dict[str, Any]]:
-    if not os.path.exists(log):
-        return []
-    with open(log) as fh:
-        return [json.loads(line) for line in fh if line.endswith("\n")]
-
-
-def _steps(log: str) -> int:
-    lines = _lines(log)
-    return lines[-1]["step"] if lines else 0
-
-
-def _checkpointed(cfg: dict[str, Any]) -> int:
-    import torch
-
-    return int(torch.load(cfg["ckpt"], weights_only=False)["step"]) if os.path.exists(cfg["ckpt"]) else 0
+    """Run the child (see :func:`tests.torch.children.run_child`)."""
+    return run_child(CHILD, cfg, env, kill_at, settle)
 
 
 def _batches(log: str, upto: int | None = None) -> list[dict[str, Any]]:
     """The logged batches (``{"step", "worker", "keys"}``) up to step ``upto``."""
-    return [line for line in _lines(log) if "keys" in line and (upto is None or line["step"] <= upto)]
+    return [line for line in lines(log) if "keys" in line and (upto is None or line["step"] <= upto)]
 
 
 def _keys(batches: list[dict[str, Any]]) -> list[str]:
@@ -204,10 +165,10 @@ def test_sigkill_and_resume_continue_the_uninterrupted_sequence(data: Any, tmp_p
                                                                 extra: dict[str, Any], when: str) -> None:
     cfg = _config(data, tmp_path, **extra)
     reference = _reference(cfg, tmp_path)
-    nsteps = _steps(str(tmp_path / "ref.log"))
+    nsteps = steps(str(tmp_path / "ref.log"))
     assert len(set(reference)) > 150 and nsteps > 10
     kill_at = _kill(cfg, nsteps, when)
-    saved = _checkpointed(cfg)
+    saved = checkpointed(cfg)
     assert saved >= 1, "killed before the first checkpoint"
     before = _keys(_batches(cfg["log"], upto=saved))
     resumed_log = str(tmp_path / "resumed.log")
@@ -225,15 +186,15 @@ def test_sigkill_and_resume_continue_the_uninterrupted_sequence(data: Any, tmp_p
 def test_second_resume_still_continues_the_sequence(data: Any, tmp_path: Path, workers: int) -> None:
     cfg = _config(data, tmp_path, names=S, workers=workers, shuffle=(16, 12, 0), longest=True)
     reference = _reference(cfg, tmp_path)
-    nsteps = _steps(str(tmp_path / "ref.log"))
+    nsteps = steps(str(tmp_path / "ref.log"))
     first = RNG.randrange(3, nsteps // 3)
     assert _run(cfg, kill_at=first) == -9
-    saved1 = _checkpointed(cfg)
+    saved1 = checkpointed(cfg)
     got = _keys(_batches(cfg["log"], upto=saved1))
     second = RNG.randrange(saved1 + 3, 2 * nsteps // 3)
     log2 = str(tmp_path / "resumed1.log")
     assert _run({**cfg, "log": log2}, kill_at=second) == -9, "the first resume finished before it could be killed"
-    saved2 = _checkpointed(cfg)
+    saved2 = checkpointed(cfg)
     assert saved2 > saved1
     resumed = _batches(log2, upto=saved2)
     assert resumed and resumed[0]["step"] == saved1 + 1
@@ -262,7 +223,7 @@ def test_resume_across_epochs_continues_the_sequence(data: Any, tmp_path: Path, 
         assert _run({**cfg, "pause_at": end0}, kill_at=end0, settle=0.5) == -9
     else:
         assert _run(cfg, kill_at=RNG.randrange(end0 + 2, lines[-1]["step"] - 2)) == -9
-    saved = _checkpointed(cfg)
+    saved = checkpointed(cfg)
     if when == "at-epoch-0-end":
         assert saved == end0
     before = _keys(_batches(cfg["log"], upto=saved))
@@ -412,7 +373,7 @@ def test_elastic_resume_of_2_ranks_delivers_the_rest_once(data: Any, tmp_path: P
         cfg = {**base, "ckpt": str(tmp_path / f"old{rank}.ckpt"), "log": str(tmp_path / f"old{rank}.log")}
         assert _run(cfg, env={"RANK": str(rank), "WORLD_SIZE": "2"}, kill_at=kill_at) == -9
         old.append(cfg)
-    before = [k for cfg in old for k in _keys(_batches(cfg["log"], upto=_checkpointed(cfg)))]
+    before = [k for cfg in old for k in _keys(_batches(cfg["log"], upto=checkpointed(cfg)))]
     assert len(before) > 200 and len(set(before)) == len(before)
     merged = [cfg["ckpt"] for cfg in old]
     after = []
@@ -440,10 +401,10 @@ def test_elastic_resume_of_2_ranks_delivers_the_rest_once(data: Any, tmp_path: P
     if new_world == 1:
         # The new job is preempted too: killed, then resumed from its own checkpoint, it goes on as it would have.
         cfg = {**cfg, "step_time": 0.001, "ckpt": str(tmp_path / "again.ckpt"), "log": str(tmp_path / "again.log")}
-        nsteps = _steps(str(tmp_path / "new0.log"))
+        nsteps = steps(str(tmp_path / "new0.log"))
         kill_at = RNG.randrange(5, nsteps // 3)
         assert _run(cfg, kill_at=kill_at) == -9
-        saved = _checkpointed(cfg)
+        saved = checkpointed(cfg)
         again = _keys(_batches(cfg["log"], upto=saved))
         _run({**cfg, "log": str(tmp_path / "again-resumed.log")})
         again += _keys(_batches(str(tmp_path / "again-resumed.log")))
@@ -460,7 +421,7 @@ def test_elastic_resume_from_a_checkpoint_before_some_worker_delivered(data: Any
     for rank in range(2):
         cfg = {**base, "ckpt": str(tmp_path / f"old{rank}.ckpt"), "log": str(tmp_path / f"old{rank}.log")}
         assert _run(cfg, env={"RANK": str(rank), "WORLD_SIZE": "2"}, kill_at=1, settle=0.5) == -9
-        assert _checkpointed(cfg) == 1
+        assert checkpointed(cfg) == 1
         old.append(cfg)
     before = [k for cfg in old for k in _keys(_batches(cfg["log"], upto=1))]
     assert len(before) == 16

@@ -7,12 +7,7 @@ checkpointed step plus those of the resumed run must be the epoch exactly once.
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
-import subprocess
-import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -22,6 +17,7 @@ import pytest
 import wds_async as wds
 from benchmarks.make_shards import make_shards
 from emustore import Knobs, StoreProcess
+from tests.torch.children import checkpointed, lines, run_child
 
 CHILD = str(Path(__file__).with_name("resume_child.py"))
 REPO = str(Path(__file__).resolve().parents[2])
@@ -43,50 +39,12 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def _run(cfg: dict[str, Any], env: dict[str, str] | None = None, kill_at: int | None = None) -> int:
-    """Run the child; with ``kill_at``, SIGKILL its process group once its log shows that step."""
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO, **(env or {})}
-    errors = cfg["log"] + ".stderr"
-    with open(errors, "wb") as err:
-        proc = subprocess.Popen([sys.executable, CHILD, json.dumps(cfg)], env=full_env, start_new_session=True,
-                                stdout=subprocess.DEVNULL, stderr=err)
-    try:
-        deadline = time.monotonic() + 90
-        while proc.poll() is None and time.monotonic() < deadline:
-            if kill_at is not None and _steps(cfg["log"]) >= kill_at:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
-                return -9
-            time.sleep(0.005)
-        if proc.poll() is None:
-            raise AssertionError(f"child still running after 90 s: {cfg}")
-        assert proc.returncode == 0, Path(errors).read_text()[-3000:]
-        return 0
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-
-
-def _lines(log: str) -> list[dict[str, Any]]:
-    if not os.path.exists(log):
-        return []
-    with open(log) as fh:
-        return [json.loads(line) for line in fh if line.endswith("\n")]
-
-
-def _steps(log: str) -> int:
-    lines = _lines(log)
-    return lines[-1]["step"] if lines else 0
-
-
-def _checkpointed(cfg: dict[str, Any]) -> int:
-    import torch
-
-    return int(torch.load(cfg["ckpt"], weights_only=False)["step"]) if os.path.exists(cfg["ckpt"]) else 0
+    """Run the child (see :func:`tests.torch.children.run_child`)."""
+    return run_child(CHILD, cfg, env, kill_at)
 
 
 def _delivered(log: str, upto: int | None = None) -> list[str]:
-    return [k for line in _lines(log) if "keys" in line and (upto is None or line["step"] <= upto)
+    return [k for line in lines(log) if "keys" in line and (upto is None or line["step"] <= upto)
             for k in line["keys"]]
 
 
@@ -119,7 +77,7 @@ def test_sigkill_and_resume_deliver_the_epoch_exactly_once(data: Any, tmp_path: 
         kill_at = RNG.randrange(1, max(2, nsteps - 1))
         run = {**cfg, "ckpt": str(tmp_path / f"{n}.ckpt"), "log": str(tmp_path / f"{n}.log")}
         assert _run(run, kill_at=kill_at) == -9, "the child finished before it could be killed"
-        saved = _checkpointed(run)
+        saved = checkpointed(run)
         before = _delivered(run["log"], upto=saved)
         resumed_log = str(tmp_path / f"{n}.resumed.log")
         _run({**run, "log": resumed_log})
@@ -144,7 +102,7 @@ def test_elastic_resume_from_4_ranks_into_2(data: Any, tmp_path: Path, index: bo
         cfg = {**base, "workers": 2, "ckpt": str(tmp_path / f"old{rank}.ckpt"), "log": str(tmp_path / f"old{rank}.log")}
         assert _run(cfg, env={"RANK": str(rank), "WORLD_SIZE": "4"}, kill_at=2 + rank) == -9
         old.append(cfg)
-    got = [k for cfg in old for k in _delivered(cfg["log"], upto=_checkpointed(cfg))]
+    got = [k for cfg in old for k in _delivered(cfg["log"], upto=checkpointed(cfg))]
     merged = [cfg["ckpt"] for cfg in old]
     for rank in range(2):
         cfg = {**base, "workers": 1, "merge": merged, "ckpt": str(tmp_path / f"new{rank}.ckpt"),
