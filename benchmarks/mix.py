@@ -27,9 +27,7 @@ and the autotuner's reason are printed as it ends.
 
 Diagnosis: ``--detail`` prints, for the last round, the mix's wait per source (the source of the sample that ended
 each wait), the longest waits, and both loaders' average streaming requests and buffered bytes (sampled every
-10 ms). ``--handoff BYTES`` sets ``handoff_max_bytes`` for both loaders. ``--prime-first`` patches the mix's engine in
-the child (never the library) so that every source's first shard is requested before any source's second. No
-assertions: figures.
+10 ms). ``--handoff BYTES`` sets ``handoff_max_bytes`` for both loaders. No assertions: figures.
 """
 
 from __future__ import annotations
@@ -49,20 +47,7 @@ import json, sys, time
 import wds_async as wds
 [getattr(wds, name) for name in wds.__all__]  # load every export (torch too) before the baseline
 from benchmarks.peakmem import PeakMemory
-kind, groups, weights, sleep, budget, longest, handoff, prime_first = json.loads(sys.argv[1])
-if prime_first:  # diagnosis only (--prime-first): every source's first item is submitted before any source's second
-    import itertools
-    from wds_async.engine import shared
-    prime, batches = shared.SharedEngine.prime, shared.SharedEngine.batches
-    def first_items_first(self, route, items):
-        items = list(itertools.islice(items, self.window(route)))
-        prime(self, route, iter(items[:1]))
-        self.__dict__.setdefault("_later", []).append((route, items[1:]))
-    def then_the_rest(self, items, route):
-        for later, rest in self.__dict__.pop("_later", []):
-            prime(self, later, iter(rest))
-        return batches(self, items, route)
-    shared.SharedEngine.prime, shared.SharedEngine.batches = first_items_first, then_the_rest
+kind, groups, weights, sleep, budget, longest, handoff = json.loads(sys.argv[1])
 source_of = {}
 for j, group in enumerate(groups):
     for url in group:
@@ -150,9 +135,9 @@ def weights_for(n: int, wmax: float, wmin: float) -> list[float]:
 
 
 def run_child(kind: str, groups: list[list[str]], weights: list[float], sleep: float, budget: int,
-              longest: bool, handoff: int = 0, prime_first: bool = False) -> dict[str, Any]:
+              longest: bool, handoff: int = 0) -> dict[str, Any]:
     out = subprocess.run([sys.executable, "-c", CHILD,
-                          json.dumps([kind, groups, weights, sleep, budget, longest, handoff, prime_first])],
+                          json.dumps([kind, groups, weights, sleep, budget, longest, handoff])],
                          capture_output=True, text=True, cwd=ROOT)
     if out.returncode != 0:
         raise RuntimeError(f"the {kind} child failed:\n{out.stderr[-4000:]}")
@@ -183,9 +168,6 @@ def main(argv: list[str] | None = None) -> int:
                         "first source runs out, within a few samples of the end with these weights)")
     p.add_argument("--handoff", type=parse_size, default=0,
                    help="handoff_max_bytes of both loaders (default: the library's, 16 MiB and at most budget / 8)")
-    p.add_argument("--prime-first", action="store_true",
-                   help="diagnosis: patch the mix's engine (in the child only) to submit every source's first shard "
-                        "before any source's second one, instead of each source's whole window in source order")
     p.add_argument("--phases", default="slow,fast", help="which of slow, fast (comma-separated)")
     p.add_argument("--rounds", type=int, default=1, help="runs of each loader per phase (medians reported)")
     p.add_argument("--root", default=str(ROOT / ".bench" / "mix"), help="where the synthetic shards are kept (a folder per size)")
@@ -226,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             for phase in phases:
                 sleep = args.sleep if phase == "slow" else 0.0
                 for kind in KINDS:
-                    r = run_child(kind, groups, used, sleep, args.budget, args.longest, args.handoff, args.prime_first)
+                    r = run_child(kind, groups, used, sleep, args.budget, args.longest, args.handoff)
                     runs[phase][kind].append(r)
                     print(f"  {phase:<4} {kind:<6} {r['samples']} samples in {r['wall_s']:.2f} s, waited "
                           f"{r['wait_s']:.2f} s (engine {r['engine_wait_s']:.2f} s), first {r['first_s'] * 1000:.0f} "
