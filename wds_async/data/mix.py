@@ -13,7 +13,8 @@ Draws
     *balanced*: source ``i``'s ``k``-th item is due at ``(k + u) / w_i`` with a fresh uniform ``u``, and the
     source due first is drawn. Each source then stays within two items of its weight over any stretch of the
     stream, where independent draws drift by ``sqrt(w (1 - w) n)`` (about 14 items in 1,000 at ``w = 0.3``);
-    ``draws="independent"`` gives independent draws from the seeded generator instead.
+    ``draws="independent"`` gives independent draws from the seeded generator instead. The draws themselves
+    live in :mod:`wds_async.data.draws`.
 
 One engine
     The WebDataset sources of a mix that read from stores with the same options are read on one
@@ -34,19 +35,14 @@ Checkpoints
 
 from __future__ import annotations
 
-import bisect
 import copy
-import heapq
-import itertools
-import math
-import numbers
-import random
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from ..engine.shared import SharedEngine
 from ..engine.spec import StreamSpec
 from ..stats import SharedStats, Stats
+from .draws import BalancedDraws, Chooser, GlobalDraws, IndependentDraws, Turns, check_weights, draw
 from .fluid import FluidPipeline
 from .topology import worker_info
 
@@ -55,187 +51,14 @@ __all__ = ["RandomMix", "RoundRobin"]
 _DRAWS = ("balanced", "independent")
 
 
-# -- choosers: which source gives the next item --------------------------------------------------------------
-class _Chooser:
-    """Picks the next source among those not run out (:meth:`drop` removes one); state for checkpoints.
-    ``first_order()`` lists the sources by when they are likely first drawn (what priming follows)."""
-
-    def __init__(self, weights: Sequence[float]) -> None:
-        self.weights = list(weights)
-        self.active = list(range(len(weights)))
-
-    def pick(self) -> int:
-        raise NotImplementedError
-
-    def drop(self, i: int) -> None:
-        if i in self.active:
-            self.active.remove(i)
-
-    def first_order(self) -> list[int]:
-        return sorted(self.active, key=lambda i: (-self.weights[i], i))
-
-    def state(self) -> dict[str, Any]:
-        return {}
-
-    def load(self, state: dict[str, Any]) -> None:
-        return None
-
-
-class _GlobalDraws(_Chooser):
-    """webdataset 1.0.2's draws: one ``random.random()`` of the global generator per item, searched in the
-    cumulative weights of the sources still active (renormalised, as webdataset recomputes them every draw)."""
-
-    def __init__(self, weights: Sequence[float]) -> None:
-        super().__init__(weights)
-        self._cumulative = self._sums()
-
-    def _sums(self) -> list[float]:
-        weights = [self.weights[i] for i in self.active]
-        total = sum(weights)
-        return list(itertools.accumulate(w / total for w in weights)) if total > 0 else []
-
-    def _random(self) -> float:
-        return random.random()
-
-    def pick(self) -> int:
-        r = self._random()
-        if not self._cumulative:
-            return self.active[0]  # only zero-weight sources are left (longest=True): drained in order, as webdataset
-        # The first cumulative weight >= r, like numpy's searchsorted; rounding cannot overrun.
-        return self.active[min(bisect.bisect_left(self._cumulative, r), len(self.active) - 1)]
-
-    def drop(self, i: int) -> None:
-        super().drop(i)
-        self._cumulative = self._sums()
-
-    def state(self) -> dict[str, Any]:
-        return {"global": True}
-
-
-def _rng_state(rng: random.Random) -> list[Any]:
-    version, internal, gauss = rng.getstate()
-    return [version, list(internal), gauss]
-
-
-def _set_rng(rng: random.Random, state: list[Any]) -> None:
-    rng.setstate((state[0], tuple(state[1]), state[2]))
-
-
-class _IndependentDraws(_GlobalDraws):
-    """The same draws from a generator of the mix's own."""
-
-    def __init__(self, weights: Sequence[float], seed: str) -> None:
-        self.rng = random.Random(seed)
-        super().__init__(weights)
-
-    def _random(self) -> float:
-        return self.rng.random()
-
-    def state(self) -> dict[str, Any]:
-        return {"rng": _rng_state(self.rng)}
-
-    def load(self, state: dict[str, Any]) -> None:
-        _set_rng(self.rng, state["rng"])
-
-
-class _BalancedDraws(_Chooser):
-    """Source ``i``'s ``k``-th item is due at ``(k + u) / w_i`` (``u`` uniform, fresh per item); the source due
-    first is drawn (see the module docstring), from a heap of ``(due, source)``. Zero-weight sources are never
-    due; they are drained in order once they are all that is left."""
-
-    def __init__(self, weights: Sequence[float], seed: str) -> None:
-        super().__init__(weights)
-        self.rng = random.Random(seed)
-        self.count = [0] * len(weights)
-        self.due = [self._due(i) for i in range(len(weights))]
-        self._heap: list[tuple[float, int]] = []
-        self._rebuild()
-
-    def _due(self, i: int) -> float:
-        u = self.rng.random()
-        return (self.count[i] + u) / self.weights[i] if self.weights[i] > 0 else math.inf
-
-    def _rebuild(self) -> None:
-        self._heap = [(self.due[i], i) for i in self.active if self.weights[i] > 0]
-        heapq.heapify(self._heap)
-
-    def pick(self) -> int:
-        if not self._heap:
-            return self.active[0]
-        i = self._heap[0][1]
-        self.count[i] += 1
-        self.due[i] = due = self._due(i)
-        heapq.heapreplace(self._heap, (due, i))
-        return i
-
-    def drop(self, i: int) -> None:
-        super().drop(i)
-        self._rebuild()
-
-    def first_order(self) -> list[int]:
-        return [i for _, i in sorted(self._heap)] + [i for i in self.active if self.weights[i] <= 0]
-
-    def state(self) -> dict[str, Any]:
-        return {"rng": _rng_state(self.rng), "count": list(self.count),
-                "due": [d if math.isfinite(d) else None for d in self.due]}
-
-    def load(self, state: dict[str, Any]) -> None:
-        _set_rng(self.rng, state["rng"])
-        self.count = [int(c) for c in state["count"]]
-        self.due = [math.inf if d is None else float(d) for d in state["due"]]
-        self._rebuild()
-
-
-class _Turns(_Chooser):
-    """Round robin: the sources in turn, skipping those that ran out."""
-
-    def __init__(self, count: int) -> None:
-        super().__init__([1.0] * count)
-        self.next = 0
-
-    def pick(self) -> int:
-        at = bisect.bisect_left(self.active, self.next)
-        i = self.active[at] if at < len(self.active) else self.active[0]
-        self.next = i + 1
-        return i
-
-    def first_order(self) -> list[int]:
-        return list(self.active)
-
-    def state(self) -> dict[str, Any]:
-        return {"next": self.next}
-
-    def load(self, state: dict[str, Any]) -> None:
-        self.next = int(state["next"])
-
-
-def _draw(iterators: list[Iterator[Any]], chooser: _Chooser, longest: bool, ended: set[int]) -> Iterator[Any]:
-    """Items of ``iterators`` in the order ``chooser`` picks them. A picked iterator that has run out is added
-    to ``ended`` and ends the stream, or with ``longest`` is dropped and the rest go on."""
-    for i in ended:
-        chooser.drop(i)
-    pick = chooser.pick
-    while chooser.active:
-        i = pick()
-        try:
-            item = next(iterators[i])
-        except StopIteration:
-            ended.add(i)
-            if not longest:
-                return
-            chooser.drop(i)
-            continue
-        yield item
-
-
 def _round_robin(sources: list[Iterator[Any]], longest: bool) -> Iterator[Any]:
     """webdataset's ``round_robin_shortest`` / ``round_robin_longest`` over iterators."""
-    return _draw(sources, _Turns(len(sources)), longest, set())
+    return draw(sources, Turns(len(sources)), longest, set())
 
 
 def _random_samples(sources: list[Iterator[Any]], probs: Sequence[float] | None, longest: bool) -> Iterator[Any]:
     """webdataset's ``random_samples`` over iterators: global ``random`` draws with ``probs`` (default equal)."""
-    yield from _draw(sources, _GlobalDraws(_check_weights("random_samples", probs, len(sources))), longest, set())
+    yield from draw(sources, GlobalDraws(check_weights("random_samples", probs, len(sources))), longest, set())
 
 
 # -- sources -------------------------------------------------------------------------------------------------
@@ -288,7 +111,7 @@ def _fingerprint(data: Any) -> str:
 class _MixPass:
     """One pass of a mix: its sources (copies bound to its engines), the chooser and what ran out."""
 
-    def __init__(self, sources: list[Any], chooser: _Chooser, engines: list[SharedEngine], epoch: int,
+    def __init__(self, sources: list[Any], chooser: Chooser, engines: list[SharedEngine], epoch: int,
                  seed_text: str | None) -> None:
         self.sources = sources
         self.chooser = chooser
@@ -315,7 +138,7 @@ class _Mix(FluidPipeline):
             raise ValueError(f"{type(self).__name__} needs at least one dataset")
         if isinstance(weights, str):
             weights = _sizes(type(self).__name__, weights, self.datasets)
-        self.weights = _check_weights(type(self).__name__, weights, len(self.datasets))
+        self.weights = check_weights(type(self).__name__, weights, len(self.datasets))
         self.longest = longest
         self.seed = seed
         if draws not in _DRAWS:
@@ -327,7 +150,7 @@ class _Mix(FluidPipeline):
         self._tuned = 0
 
     # -- what subclasses choose ----------------------------------------------------------------------
-    def _chooser(self, seed_text: str | None) -> _Chooser:
+    def _chooser(self, seed_text: str | None) -> Chooser:
         raise NotImplementedError
 
     def _seed_text(self) -> str | None:
@@ -420,7 +243,7 @@ class _Mix(FluidPipeline):
         iterators = [iter(source) for source in mix.sources]
         stop_publishing = self._worker_stats.publish(self._stats_box[0] or Stats())
         try:
-            yield from _draw(iterators, mix.chooser, self.longest, mix.ended)
+            yield from draw(iterators, mix.chooser, self.longest, mix.ended)
         finally:
             stop_publishing()
             for it in iterators:
@@ -528,23 +351,6 @@ def _sizes(name: str, by: str, datasets: list[Any]) -> list[float]:
     return sizes
 
 
-def _check_weights(name: str, weights: Sequence[float] | None, count: int) -> list[float]:
-    if weights is None:
-        return [1.0] * count
-    if any(isinstance(w, (str, bytes, bool)) or not isinstance(w, numbers.Real) for w in weights):
-        raise ValueError(f"{name}: weights must be numbers, got {list(weights)!r}")
-    values = [float(w) for w in weights]
-    if len(values) != count:
-        raise ValueError(f"{name}: {len(values)} weights (probabilities) for {count} datasets")
-    bad = [i for i, w in enumerate(values) if not (w >= 0 and math.isfinite(w))]
-    if bad:
-        raise ValueError(f"{name}: the weight of dataset {bad[0]} is {values[bad[0]]!r}; weights must be finite "
-                         "and non-negative")
-    if sum(values) <= 0:
-        raise ValueError(f"{name}: the weights are all zero; at least one dataset needs a positive weight")
-    return values
-
-
 class RandomMix(_Mix):
     """Items drawn at random from ``datasets``, dataset ``i`` with probability ``probs[i] / sum(probs)``
     (default: equal; ``"shards"`` or ``"samples"``: in proportion to each WebDataset's shard count, or to its
@@ -562,12 +368,12 @@ class RandomMix(_Mix):
         super().__init__(datasets, probs, longest, seed, draws)
         self.probs = probs
 
-    def _chooser(self, seed_text: str | None) -> _Chooser:
+    def _chooser(self, seed_text: str | None) -> Chooser:
         if seed_text is None:
-            return _GlobalDraws(self.weights)
+            return GlobalDraws(self.weights)
         if self.draws == "independent":
-            return _IndependentDraws(self.weights, seed_text)
-        return _BalancedDraws(self.weights, seed_text)
+            return IndependentDraws(self.weights, seed_text)
+        return BalancedDraws(self.weights, seed_text)
 
 
 class RoundRobin(_Mix):
@@ -579,5 +385,5 @@ class RoundRobin(_Mix):
     def __init__(self, datasets: Sequence[Iterable[Any]], longest: bool = False) -> None:
         super().__init__(datasets, None, longest, seed=0, draws="balanced")
 
-    def _chooser(self, seed_text: str | None) -> _Chooser:
-        return _Turns(len(self.datasets))
+    def _chooser(self, seed_text: str | None) -> Chooser:
+        return Turns(len(self.datasets))
