@@ -6,6 +6,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import tarfile
 import threading
 import time
@@ -124,3 +125,12 @@ def wait_until(predicate, timeout: float = 5.0) -> bool:  # type: ignore[no-unty
 
 def engine_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "wds-async-engine"]
+
+
+def doc_block(page: Path, heading: str) -> str:
+    """The first python code block under ``heading`` in a docs page."""
+    text = page.read_text()
+    section = text[text.index(f"\n{heading}\n"):]
+    match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    assert match is not None, f"no python block under {heading!r}"
+    return match.group(1)

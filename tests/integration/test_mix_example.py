@@ -33,7 +33,7 @@ import pytest
 
 import wds_async as wds
 from emustore import Knobs, StoreProcess
-from tests.conftest import write_tar
+from tests.conftest import doc_block, write_tar
 from tests.emulators import MOTO_ENV
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,15 +53,6 @@ STEP = ('    with open("steps.log", "a") as steps_log:  # the test\'s stand-in f
         '        steps_log.write(json.dumps({"step": step + 1, "txt": list(batch[0]), "json": list(batch[1]["name"])})'
         ' + "\\n")\n'
         f'    time.sleep({STEP_TIME})\n')
-
-
-def doc_block(page: Path, heading: str) -> str:
-    """The first python code block under ``heading`` in a docs page."""
-    text = page.read_text()
-    section = text[text.index(f"\n{heading}\n"):]
-    match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
-    assert match is not None, f"no python block under {heading!r}"
-    return match.group(1)
 
 
 def substitute(code: str, old: str | re.Pattern[str], new: str) -> str:

@@ -20,6 +20,7 @@ import torch
 from PIL import Image
 
 import wds_async as wds
+from tests.conftest import doc_block
 from tests.parity.conftest import write_tar
 
 GETTING_STARTED = Path(__file__).resolve().parents[2] / "docs" / "getting-started.md"
@@ -135,15 +136,6 @@ def test_pickle_needs_opt_in(tmp_path: Path) -> None:
     with pytest.raises(wds.DecodingError, match="allow_pickle"):
         list(wds.WebDataset(path).decode())
     assert [s["pyd"] for s in wds.WebDataset(path).decode(allow_pickle=True)] == [{"x": 1}]
-
-
-def doc_block(page: Path, heading: str) -> str:
-    """The first python code block under ``heading`` in a docs page."""
-    text = page.read_text()
-    section = text[text.index(f"\n{heading}\n"):]
-    match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
-    assert match is not None, f"no python block under {heading!r}"
-    return match.group(1)
 
 
 # torch advises against 4 workers on a machine with fewer cores (CI has 2); the example is for a training node.
