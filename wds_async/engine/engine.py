@@ -14,13 +14,10 @@ plus concurrent ranged parts on extra tokens when the object is large) into a sa
 every read a reader waits on the shared :class:`~wds_async.io.budget.ByteBudget`, so a slow consumer stops the
 downloads. A compressed item is inflated from byte 0 and its members outside ``[start, end)`` dropped.
 
-Errors that end an item go to the user's ``handler``, translated into our tree first (see
-:mod:`wds_async.engine.failures`: an exception group is unwrapped to its most meaningful leaf, a ``MemoryError``
-stays one and names the shard, anything foreign becomes :class:`~wds_async.errors.EngineError`); among them
-:class:`~wds_async.errors.SampleTooLarge`, raised from a tar header that announces more than
-``max_sample_bytes``, before those bytes are read. The handler returns True (skip the item, counted), False
-(stop the data here), or raises (the error reaches the consumer at this item's position). An error outside
-any item reaches the consumer translated the same way: never as an ``ExceptionGroup``.
+Errors that end an item are translated into our tree (:mod:`wds_async.engine.failures`: an exception group
+becomes its most meaningful leaf, a ``MemoryError`` stays one and names the shard, anything foreign becomes
+:class:`~wds_async.errors.EngineError`) and go to the user's handler (:mod:`wds_async.engine.outcomes`: skip,
+stop or raise at this item's position); an error outside any item reaches the consumer translated the same way.
 
 The engine owns no thread: the bridge runs it in its loop thread. Nor does it assume it is alone: the node
 service (:mod:`wds_async.service`) runs one engine per client over one shared ``limiter`` (then neither
@@ -31,7 +28,9 @@ Items usually exist before the engine starts (a list, or a lazy iterator pulled 
 :class:`~wds_async.engine.feed.ItemFeed` in their place makes the engine long-lived: readers await the next item
 submitted from another thread, and the engine finishes only once the feed is closed and drained (a map-style
 dataset's ``__getitems__`` calls submit batches through :class:`~wds_async.engine.fetcher.Requests`). The shard
-cache's lookahead sees the feed's queued items (``ItemFeed.peek``) as it sees an item list's next ones.
+cache's lookahead sees the feed's queued items (``ItemFeed.peek``) as it sees an item list's next ones. With a
+:class:`~wds_async.engine.channel.RoutedChannel` (a mix's sources on one engine) each submitted item gets a reader
+of its own (see :meth:`Engine._dispatch`).
 """
 
 from __future__ import annotations
@@ -41,11 +40,11 @@ import collections
 import logging
 import time
 from asyncio import TaskGroup
-from collections.abc import Callable, Iterable, Iterator, Sized
+from collections.abc import Iterable, Iterator, Sized
 from contextlib import aclosing
 from dataclasses import replace
 
-from ..errors import SampleTooLarge, ShardFormatError, WdsError
+from ..errors import SampleTooLarge, ShardFormatError
 from ..io import Backend, BackendSet
 from ..io.budget import ByteBudget
 from ..io.reader import RangeReader, ReadContext
@@ -58,6 +57,7 @@ from .failures import leaves, pick, translate
 from .feed import ItemFeed
 from .grouping import Grouper, Sample, sample_nbytes
 from .limiter import Limiter
+from .outcomes import Outcomes
 from .parts import Lanes, PartedRead
 from .shard import ShardParse, read_shard
 from .spec import Handler, StreamSpec
@@ -73,18 +73,6 @@ _GROUP = BaseExceptionGroup
 #: allows at most as many streams as fit in half the budget.
 STREAM_ALLOWANCE = 640 << 10
 
-
-
-class _Stop(Exception):
-    """The handler asked to stop at this point."""
-
-
-class _HandlerRaised(Exception):
-    """The handler raised ``error`` for a sample-level problem."""
-
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(error)
-        self.error = error
 
 
 class Engine:
@@ -114,9 +102,8 @@ class Engine:
         self.log_interval = spec.log_interval
         self.limiter = limiter if limiter is not None else Limiter(1)
         self._exhausted = False  # every item has been handed to a reader
-        self._stopping = False
-        #: Routes whose consumer is gone or whose handler stopped them: their items are no longer read.
-        self._ended_routes: set[int] = set()
+        #: What ends an item becomes (the handler's answer), and whether the engine or a route stops reading.
+        self._outcomes = Outcomes(spec, channel, stats)
         self.stats.shards_total = len(urls) if isinstance(urls, Sized) else 0
         self.stats.buffer_limit = self.budget.limit
         self.stats.budget = self.budget
@@ -220,7 +207,7 @@ class Engine:
         From a feed the item comes first, then the token: a reader waiting for work must not hold a token,
         or idle readers could hold every token while a lowered limit keeps a requeued read waiting for one."""
         feed = items if isinstance(items, ItemFeed) else None
-        while not (self._stopping or self.channel.abandoned):
+        while not (self._outcomes.stopping or self.channel.abandoned):
             item: WorkItem | None = None
             if feed is not None:
                 item = await self._next_from_feed(feed)
@@ -234,9 +221,9 @@ class Engine:
                     if item is None:
                         self._exhausted = True
                         return
-                if self._stopping or self.channel.abandoned:
+                if self._outcomes.stopping or self.channel.abandoned:
                     return
-                if item.route is not None and item.route in self._ended_routes:
+                if self._outcomes.route_ended(item):
                     continue
                 await self._read_item(item)
             finally:
@@ -250,7 +237,7 @@ class Engine:
         fixed set of readers that item could sit in the feed behind items whose readers all wait; with a task
         per item it is always held by a reader, and gets a token since waiting readers give theirs back
         (``yield_tokens``). The limiter, as everywhere, sets how many read at once."""
-        while not (self._stopping or self.channel.abandoned):
+        while not (self._outcomes.stopping or self.channel.abandoned):
             item = await self._next_from_feed(feed)
             if item is None:
                 self._exhausted = True
@@ -260,7 +247,7 @@ class Engine:
     async def _read_routed(self, item: WorkItem) -> None:
         await self.limiter.acquire()
         try:
-            if not (self._stopping or self.channel.abandoned or item.route in self._ended_routes):
+            if not (self._outcomes.stopping or self.channel.abandoned or self._outcomes.route_ended(item)):
                 await self._read_item(item)
         finally:
             self.limiter.release()
@@ -297,69 +284,12 @@ class Engine:
             self.stats.shards_done += 1
             self.channel.put(token, ItemDone(item.id), 0)
         except Exception as exc:  # every failure ends in the channel, or the handler skips it
-            self._item_failed(token, item, pick(exc))
+            self._outcomes.failed(token, item, pick(exc))
         finally:
             self.stats.shards_in_flight -= 1
             self.budget.forget(token)
             if not self.channel.abandoned:
                 self.channel.close_shard(token)
-
-    def _rules(self, item: WorkItem) -> StreamSpec:
-        """The spec whose handler and member rules apply to ``item``: its route's, or the engine's."""
-        routes = self.spec.routes
-        return routes[item.route] if routes and item.route is not None else self.spec
-
-    def _end(self, item: WorkItem) -> None:
-        """An item's handler stopped the data, or raised: stop the engine, or only the item's route."""
-        if item.route is None or not self.spec.routes:
-            self._stopping = True
-        else:
-            self._ended_routes.add(item.route)
-
-    def _item_failed(self, token: object, item: WorkItem, exc: BaseException) -> None:
-        """Route what ended an item: our own signals, else the error (in our tree) to the handler."""
-        if isinstance(exc, ChannelClosed):
-            if self.channel.abandoned or item.route is None:
-                self._stopping = True
-            else:
-                self._ended_routes.add(item.route)  # that route's consumer left; the others go on
-        elif isinstance(exc, _Stop):
-            self.channel.put_stop(token)
-            self._end(item)
-        elif isinstance(exc, _HandlerRaised):
-            self.channel.put_error(token, exc.error)
-            self._end(item)
-        elif self._shard_failed(token, item, translate(exc, url=redact_url(item.url))) and not self.channel.abandoned:
-            self.channel.put(token, ItemDone(item.id), 0)
-
-    def _shard_failed(self, token: object, item: WorkItem, exc: BaseException) -> bool:
-        """Ask the handler about a failed item; True when it chose to skip it (and go on)."""
-        try:
-            keep_going = self._rules(item).handler(exc)
-        except BaseException as raised:  # delivered to the consumer, not swallowed
-            self.channel.put_error(token, raised)
-            self._end(item)
-            return False
-        if keep_going:
-            self.stats.shards_skipped += 1
-            return True
-        self.channel.put_stop(token)
-        self._end(item)
-        return False
-
-    def _sample_error_handler(self, item: WorkItem) -> Callable[[WdsError], None]:
-        handler = self._rules(item).handler
-
-        def on_sample_error(err: WdsError) -> None:
-            try:
-                keep_going = handler(err)
-            except BaseException as raised:
-                raise _HandlerRaised(raised) from None
-            if not keep_going:
-                raise _Stop()
-            self.stats.samples_skipped += 1
-
-        return on_sample_error
 
     def _emit(self, token: object, item: WorkItem, samples: list[Sample], held: int, parse: ShardParse,
               progress: _Progress) -> int:
@@ -449,8 +379,8 @@ class Engine:
         """Feed the item's bytes to a parser and a grouper and its samples to the channel; the source sees
         every chunk as it passes (``on_chunk``) and hears when the whole item was read and parsed (``done``)."""
         limit = self.config.max_sample_bytes
-        rules = self._rules(item)
-        grouper = Grouper(reader.shown, self._sample_error_handler(item), select_files=rules.select_files,
+        rules = self._outcomes.rules(item)
+        grouper = Grouper(reader.shown, self._outcomes.on_sample_error(item), select_files=rules.select_files,
                           rename_files=rules.rename_files, max_sample_bytes=limit)
         parse = ShardParse(reader.shown, start=item.start, end=item.end, ranged=ranged, grouper=grouper,
                            max_member_bytes=limit)
