@@ -44,6 +44,7 @@ from collections.abc import Iterable, Iterator, Sized
 from contextlib import aclosing
 from dataclasses import replace
 
+from ..config import EngineConfig
 from ..errors import SampleTooLarge, ShardFormatError
 from ..io import Backend, BackendSet
 from ..io.budget import ByteBudget
@@ -73,6 +74,18 @@ _GROUP = BaseExceptionGroup
 #: allows at most as many streams as fit in half the budget.
 STREAM_ALLOWANCE = 640 << 10
 
+
+
+def connection_cap(config: EngineConfig, budget_limit: int) -> int:
+    """The most requests an engine lets stream at once. Every open stream counts its transport's buffer allowance
+    in the byte budget (see RangeReader), so concurrency beyond what half the budget can hold would only make
+    readers wait for room."""
+    return min(config.connections, max(1, budget_limit // (2 * STREAM_ALLOWANCE)))
+
+
+def start_level(config: EngineConfig, budget_limit: int) -> int:
+    """The concurrency an engine of its own limiter starts at."""
+    return min(connection_cap(config, budget_limit), config.first_connections)
 
 
 class Engine:
@@ -114,20 +127,17 @@ class Engine:
         """Fetch every shard; errors that escape the handler logic are delivered via the channel."""
         shards: Iterator[WorkItem] | ItemFeed = self.urls if isinstance(self.urls, ItemFeed) else self._items()
         config = self.config
-        # Every open stream counts its transport's buffer allowance in the byte budget (see RangeReader), so
-        # concurrency beyond what half the budget can hold would only make readers wait for room.
-        fits = max(1, self.budget.limit // (2 * STREAM_ALLOWANCE))
-        cap = min(config.connections, fits)
+        cap = connection_cap(config, self.budget.limit)
         tuner = None
         if self._shared_limiter is not None:
             self.stats.concurrency = self.stats.concurrency_cap = self.limiter.total
             self.stats.concurrency_reason = "shared: the node service's limiter"
         elif config.autotune:
-            self.limiter = Limiter(min(cap, config.first_connections))
+            self.limiter = Limiter(start_level(config, self.budget.limit))
             tuner = Autotuner(self.limiter, self.stats, self.budget, minimum=min(config.min_connections, cap),
                               cap=cap, has_work=lambda: not self._exhausted)
         else:
-            self.limiter = Limiter(min(cap, config.first_connections))
+            self.limiter = Limiter(start_level(config, self.budget.limit))
             self.stats.concurrency = self.stats.concurrency_cap = cap
             self.stats.concurrency_reason = f"fixed: max_connections={config.connections}" + (
                 f", lowered to {cap}: each open stream takes {STREAM_ALLOWANCE >> 10} KiB of max_buffered_bytes="

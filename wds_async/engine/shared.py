@@ -42,7 +42,7 @@ from ..errors import EngineError
 from ..stats import Stats
 from .bridge import Bridge
 from .channel import RoutedChannel
-from .engine import STREAM_ALLOWANCE
+from .engine import start_level
 from .feed import ItemFeed
 from .grouping import Sample
 from .spec import StreamSpec
@@ -84,8 +84,7 @@ class SharedEngine:
     def window(self, route: int) -> int:
         """How many of ``route``'s items to keep submitted now (see the module docstring)."""
         config = self.spec.config
-        level = self.stats.concurrency or min(config.first_connections,
-                                              max(1, config.max_buffered_bytes // (2 * STREAM_ALLOWANCE)))
+        level = self.stats.concurrency or start_level(config, config.max_buffered_bytes)
         return 1 + math.ceil(self.shares[route] * level - 1e-9)  # 0.3 * 40 is 12.000000000000002
 
     def prime(self, route: int, items: Iterator[WorkItem], count: int | None = None) -> None:
