@@ -14,6 +14,8 @@ CONFIG keys:
     merge: old checkpoints whose ``wds.merge_states`` this process loads (an elastic resume), unless it has a
         checkpoint of its own (``ckpt``) to resume from
     dist: init a gloo process group (under torchrun); runs: several such configs, one after the other
+    lockstep: (with dist) a ``dist.barrier()`` after every step's checkpoint, as a DDP step's all-reduce holds the
+        ranks together: no rank runs ahead, and a kill finds every rank within a step of the others
 
 Each log line is ``{"step", "epoch", "worker", "keys"}`` (the DataLoader worker that made the batch; 0 without
 workers). A key is ``"source/shard/key"``. The parent kills this process (and its workers) with SIGKILL at
@@ -93,6 +95,10 @@ def run(cfg: dict[str, Any]) -> None:
                 os.replace(tmp, cfg["ckpt"])
                 # the training step: time for the parent to kill mid-epoch (a long one at step pause_at)
                 time.sleep(3.0 if step == cfg.get("pause_at") else cfg.get("step_time", 0.01))
+                if cfg.get("lockstep"):
+                    import torch.distributed as dist
+
+                    dist.barrier()
         log.write(json.dumps({"step": step, "done": True}) + "\n")
 
 

@@ -6,7 +6,8 @@ and checkpointing ``loader.state_dict()`` after every step. The parent SIGKILLs 
 workers) at a random step and resumes it in a fresh process; the keys up to the checkpointed step followed
 by the resumed run's must be, as a sequence, those of one uninterrupted run with the same seeds. Further:
 a second kill after the first resume, the balanced draws' proportions through a DataLoader, a torchrun job
-whose ranks deliver equal sample counts, and an elastic resume (``wds.merge_states``) into another world size.
+whose ranks deliver equal sample counts, the same resume of a whole torchrun job (each rank its own sequence),
+and an elastic resume (``wds.merge_states``) into another world size.
 """
 
 from __future__ import annotations
@@ -254,28 +255,30 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _torchrun(cfg: dict[str, Any], nproc: int, output: Path, timeout: float = 100) -> None:
-    """Launch the child under torchrun (gloo on CPU, 127.0.0.1); kill every process below it on the way out."""
+def _torchrun(cfg: dict[str, Any], nproc: int, output: Path, timeout: float = 100, kill_at: int | None = None,
+              logs: list[str] | None = None) -> int:
+    """Launch the child under torchrun (gloo on CPU, 127.0.0.1); kill every process below it on the way out.
+    Returns 0; with ``kill_at``, SIGKILLs the whole job (torchrun, its ranks, their DataLoader workers) once
+    every log of ``logs`` shows that step and returns -9. A launch that fails, or runs past ``timeout`` (before
+    the kill step), fails the test with torchrun's output."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "PYTHONPATH": REPO}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--master-addr", "127.0.0.1", "--local-addr", "127.0.0.1",
            "--nproc-per-node", str(nproc), "--master-port", str(_free_port()), CHILD, json.dumps(cfg)]
+    assert kill_at is None or logs, "a kill needs the logs to watch"
     seen: dict[int, psutil.Process] = {}
-    with open(output, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + timeout
-        while proc.poll() is None and time.monotonic() < deadline:
-            try:
-                for child in psutil.Process(proc.pid).children(recursive=True):
-                    seen.setdefault(child.pid, child)
-            except psutil.Error:
-                pass
-            time.sleep(0.2)
-        text = output.read_text(errors="replace")[-4000:]
-        assert proc.poll() is not None, f"torchrun still running after {timeout:.0f} s (a hang?)\n{text}"
-        assert proc.returncode == 0, text
-    finally:
+
+    def observe() -> None:
+        # torchrun starts each rank in a session of its own, and a SIGKILLed rank's workers live on for a while:
+        # every process below torchrun is recorded while the job runs, to be killed by pid (psutil checks that a
+        # pid was not reused)
+        try:
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                seen.setdefault(child.pid, child)
+        except psutil.Error:
+            pass
+
+    def kill_all(check: bool = False) -> None:
+        observe()
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         for p in seen.values():
@@ -284,6 +287,31 @@ def _torchrun(cfg: dict[str, Any], nproc: int, output: Path, timeout: float = 10
             except psutil.Error:
                 pass
         proc.wait(10)
+        if check:
+            _, alive = psutil.wait_procs(list(seen.values()), timeout=10)
+            assert not alive, f"processes of the torchrun job outlived SIGKILL: {[p.pid for p in alive]}"
+
+    with open(output, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout
+        observed = 0.0
+        while proc.poll() is None and time.monotonic() < deadline:
+            if time.monotonic() - observed > 0.2:
+                observe()
+                observed = time.monotonic()
+            if kill_at is not None and all(steps(log) >= kill_at for log in logs or []):
+                kill_all(check=True)
+                return -9
+            time.sleep(0.01 if kill_at is not None else 0.2)
+        text = output.read_text(errors="replace")[-4000:]
+        reached = f" (steps logged: {[steps(log) for log in logs or []]}, to be killed at {kill_at})" if kill_at else ""
+        assert proc.poll() is not None, f"torchrun still running after {timeout:.0f} s (a hang?){reached}\n{text}"
+        assert proc.returncode == 0, text
+        return 0
+    finally:
+        kill_all()
 
 
 def _shares(source: dict[str, Any], seed: int, count: int) -> list[list[str]]:
@@ -338,6 +366,55 @@ def test_torchrun_ranks_deliver_equal_counts_and_every_share(data: Any, tmp_path
                 for worker in range(workers):
                     assert any(len(delivered.get((s, rank, worker), [])) == len(shares[s][rank * workers + worker])
                                for s in range(len(S))), "the shortest mix ended before any source ran out"
+
+
+@pytest.mark.slow
+def test_torchrun_job_sigkilled_mid_epoch_resumes_each_rank_s_sequence(data: Any, tmp_path: Path) -> None:
+    """2 ranks x 2 workers of a seeded mix of indexed sources under torchrun, held in lockstep as DDP holds them
+    (a barrier after every step): the whole job (torchrun, ranks, DataLoader workers) is SIGKILLed mid-epoch and
+    relaunched, each rank resuming from its own ``loader.state_dict()``. Per rank, the keys up to its checkpointed
+    step followed by the relaunch's are those of one uninterrupted torchrun job with the same seeds, and both
+    ranks deliver the same number of samples."""
+    world, timeout = 2, 45
+    cfg = _config(data, tmp_path, names=S, index=True, workers=2, shuffle=(16, 0, 8), step_time=0.02, lockstep=True)
+
+    def job(tag: str) -> dict[str, Any]:
+        return {**cfg, "log": str(tmp_path / f"{tag}-{{rank}}.log"), "ckpt": str(tmp_path / f"{tag}-{{rank}}.ckpt")}
+
+    def per_rank(run: dict[str, Any], key: str) -> list[str]:
+        return [run[key].format(rank=rank) for rank in range(world)]
+
+    ref = job("ref")
+    _torchrun({"dist": True, "runs": [ref]}, world, tmp_path / "ref.out", timeout=timeout)
+    reference = [_keys(_batches(log)) for log in per_rank(ref, "log")]
+    nsteps = [steps(log) for log in per_rank(ref, "log")]
+    assert nsteps[0] == nsteps[1] > 12 and len(reference[0]) == len(reference[1]) > 100, \
+        f"uninterrupted: steps per rank {nsteps}, samples per rank {[len(keys) for keys in reference]}"
+
+    killed = job("killed")
+    kill_at = RNG.randrange(3, 2 * nsteps[0] // 3)
+    assert _torchrun({"dist": True, "runs": [killed]}, world, tmp_path / "killed.out", timeout=timeout,
+                     kill_at=kill_at, logs=per_rank(killed, "log")) == -9, "the job finished before it could be killed"
+    saved = [checkpointed({"ckpt": ckpt}) for ckpt in per_rank(killed, "ckpt")]
+    assert all(1 <= step < nsteps[0] for step in saved), f"killed at step {kill_at}: not mid-epoch, checkpoints {saved}"
+
+    resumed = {**killed, "log": str(tmp_path / "resumed-{rank}.log")}
+    _torchrun({"dist": True, "runs": [resumed]}, world, tmp_path / "resumed.out", timeout=timeout)
+    combined, failures = [], []
+    for rank, (before_log, after_log) in enumerate(zip(per_rank(killed, "log"), per_rank(resumed, "log"))):
+        after = _batches(after_log)
+        if not after or after[0]["step"] != saved[rank] + 1:
+            failures.append(f"rank {rank}: the relaunch did not start after checkpoint {saved[rank]} "
+                            f"(its first step: {after[0]['step'] if after else None})")
+        batches = _batches(before_log, upto=saved[rank]) + after
+        got = _keys(batches)
+        combined.append(len(got))
+        if got != reference[rank]:
+            at = next((i for i, (g, w) in enumerate(zip(got, reference[rank])) if g != w), len(got))
+            step = [batch["step"] for batch in batches for _ in batch["keys"]][min(at, len(got) - 1)] if got else 0
+            failures.append(f"rank {rank}, from step {step} (checkpoint {saved[rank]}): {_mismatch(got, reference[rank])}")
+    assert not failures, f"killed at step {kill_at}, checkpoints {saved}:\n" + "\n".join(failures)
+    assert combined[0] == combined[1], f"samples per rank, checkpointed and resumed: {combined}"
 
 
 # -- 5. elastic resume into another world size ------------------------------------------------------------------
