@@ -79,3 +79,56 @@ async def test_bad_totals_and_unbalanced_release_are_errors() -> None:
     async with limiter:
         assert limiter.borrowed == 1
     assert limiter.borrowed == 0
+
+
+async def test_acquire_unless_keeps_its_fifo_place_and_gives_up_without_a_token_when_told() -> None:
+    limiter = Limiter(1)
+    await limiter.acquire()
+    stop = False
+    got: list[object] = []
+
+    async def first() -> None:
+        got.append(await limiter.acquire_unless(lambda: stop, 0.01))
+
+    async def second() -> None:
+        await limiter.acquire()
+        got.append("second")
+
+    a = asyncio.create_task(first())
+    await _settle()
+    b = asyncio.create_task(second())
+    await asyncio.sleep(0.05)  # several looks at stop(): still queued, still first in line
+    assert limiter.waiting == 2 and not got
+    limiter.release()
+    await _settle()
+    assert got == [True] and limiter.borrowed == 1  # first in line, as acquire() would be
+    limiter.release()
+    await b
+    assert got == [True, "second"] and limiter.borrowed == 1
+
+    limiter.release()
+    await first()  # a free token is taken at once
+    assert got[-1] is True and limiter.borrowed == 1
+    d = asyncio.create_task(first())
+    await asyncio.sleep(0.03)
+    stop = True
+    await d
+    assert got[-1] is False and limiter.borrowed == 1 and limiter.waiting == 0  # gave up, took nothing
+    limiter.overdraw()  # one over the total, given back like any token
+    assert limiter.borrowed == 2
+    limiter.release()
+    limiter.release()
+    assert limiter.borrowed == 0
+
+
+async def test_acquire_unless_cancelled_takes_no_token() -> None:
+    limiter = Limiter(1)
+    await limiter.acquire()
+    task = asyncio.create_task(limiter.acquire_unless(lambda: False, 0.01))
+    await asyncio.sleep(0.03)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert limiter.borrowed == 1 and limiter.waiting == 0
+    limiter.release()
+    assert limiter.borrowed == 0

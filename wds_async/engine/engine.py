@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import time
 from asyncio import TaskGroup
@@ -73,6 +74,8 @@ _GROUP = BaseExceptionGroup
 #: The byte-budget allowance of one open http(s) stream (``HttpBackend.capabilities.buffer_allowance``): the engine
 #: allows at most as many streams as fit in half the budget.
 STREAM_ALLOWANCE = 640 << 10
+#: Seconds between a requeued request's looks at whether the consumer starves for its item (see _requeue).
+REQUEUE_CHECK = 0.05
 
 
 
@@ -121,7 +124,7 @@ class Engine:
         self.stats.buffer_limit = self.budget.limit
         self.stats.budget = self.budget
         #: What every read of this engine shares (retries, counters, the byte budget, token requeue).
-        self._reads = ReadContext(config.retry, stats, self.budget, self._requeue)
+        self._reads = ReadContext(config.retry, stats, self.budget)  # each item adds its requeue (_read_opened)
 
     async def run(self) -> None:
         """Fetch every shard; errors that escape the handler logic are delivered via the channel."""
@@ -273,16 +276,38 @@ class Engine:
         self.limiter.release()
         try:
             await budget.wait_for_room(token, self.channel)
-            await self.limiter.acquire()
+            await self._token_back(token)
         except BaseException:
             # Cancelled without a token: count one as taken, since the reader's ``finally`` gives one back.
-            self.limiter.borrowed += 1
+            self.limiter.overdraw()
             raise
 
-    async def _requeue(self) -> None:
-        """A throttled request gives its token back and queues for one before it retries."""
+    async def _token_back(self, token: object) -> None:
+        """Queue for a token again (after giving one back); the item the consumer starves for takes one over
+        the limit rather than wait (see ``_requeue``)."""
+        if not await self.limiter.acquire_unless(lambda: self.channel.starving_for(token), REQUEUE_CHECK):
+            self.limiter.overdraw()
+
+    async def _requeue(self, token: object) -> None:
+        """Before a throttled request (of the item of ``token``) retries: where the limit was lowered below the
+        tokens taken, it gives its token back and queues for one, so a retry never exceeds the lowered limit;
+        otherwise it keeps it. (Giving it back always let a new item start on every 503: against a store
+        that answers 503 above 24 requests, 72 of 96 items were open at once with the budget full of the later
+        ones' bytes, and the item the consumer needed read alone.) The item the consumer waits for does not
+        stay queued: readers that wait for room in the
+        budget hold their tokens, and may hold all of them, while the budget is full of the items behind this
+        one, which the consumer can only take after it. So while queued it looks every ``REQUEUE_CHECK``
+        seconds whether the consumer starves for it, and then takes a token over the limit (one request more
+        than the limit, as the budget lets that item overdraw it). Found by a hang: a store answering 503
+        above 24 requests, 96 items of 16 MiB, the limit lowered to 8 while 72 items were open."""
+        if self.limiter.borrowed <= self.limiter.total:
+            return  # within the limit: keep the token, so that a retry never lets another item start
         self.limiter.release()
-        await self.limiter.acquire()
+        try:
+            await self._token_back(token)
+        except BaseException:
+            self.limiter.overdraw()  # cancelled without a token: the reader's ``finally`` gives one back
+            raise
 
     async def _read_item(self, item: WorkItem) -> None:
         """One item from open to close in the channel, errors sent to the handler."""
@@ -373,7 +398,8 @@ class Engine:
         async with TaskGroup() as group:
             lanes = Lanes(self.limiter, self.channel, token, self.config.part_bytes, group)
             reader = PartedRead(backend, item.url, start=item.start if ranged else 0,
-                                end=item.end if ranged else None, expect=item.expect, context=self._reads,
+                                end=item.end if ranged else None, expect=item.expect,
+                                context=replace(self._reads, requeue=functools.partial(self._requeue, token)),
                                 lanes=lanes)
             try:
                 await self._parse_item(item, token, reader, ranged, opened, progress)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import Callable
 from types import TracebackType
 
 __all__ = ["Limiter"]
@@ -71,6 +72,32 @@ class Limiter:
             else:
                 fut.cancel()
             raise
+
+    async def acquire_unless(self, stop: Callable[[], bool], every: float) -> bool:
+        """Wait for a token as :meth:`acquire` does (same FIFO place), asking ``stop()`` every ``every``
+        seconds: True once a token was taken; False, without one, when ``stop()`` said True first."""
+        if self.try_acquire():
+            return True
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            while True:
+                done, _ = await asyncio.wait({fut}, timeout=every)  # a future, not a task: nothing to own
+                if done:
+                    return True
+                if stop():
+                    fut.cancel()
+                    return False
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release()
+            else:
+                fut.cancel()
+            raise
+
+    def overdraw(self) -> None:
+        """Take a token beyond ``total`` (see Engine._requeue); given back with :meth:`release`."""
+        self.borrowed += 1
 
     def release(self) -> None:
         if self.borrowed <= 0:
