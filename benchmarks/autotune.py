@@ -13,8 +13,10 @@ b. 256 shards of 1 MB at 200 ms and 10 MB/s per connection (read twice with one 
 c. a store that answers 503 SlowDown above 24 concurrent requests, 16 MB shards at 10 MB/s per
    connection, read for long enough to count the rejections after the first 5 s.
 
-For every fixed level of the sweep and for ``max_connections="auto"``, one ``WebDataset`` is iterated in
-this process; reported: MB/s, the ratio of auto to the best fixed level, auto's final concurrency and
+For every level of the sweep, the URLs are first downloaded raw (the loader's backends, bytes thrown away:
+the ``gsutil -m`` analog); then for every fixed level and for ``max_connections="auto"``, one ``WebDataset``
+is iterated in this process; reported: MB/s, the ratios of auto to the best fixed level and to the best raw
+level, auto's final concurrency and
 the reason it gives, and for (c) the share of requests rejected after the first 5 s. Nothing here asserts:
 the figures go to the README and the issue notes.
 """
@@ -98,11 +100,53 @@ def _run(urls: list[str], connections: int | str, epochs: int) -> list[dict[str,
     return results
 
 
+def _raw(urls: list[str], connections: int) -> dict[str, Any]:
+    """The same URLs downloaded raw (``wds-async bench``'s raw phase: the loader's backends, no parsing, bytes
+    thrown away) by ``connections`` concurrent workers: the ``gsutil -m`` analog at that level."""
+    import asyncio
+
+    import wds_async as wds
+    from wds_async.io.rawread import drain, raw_backends
+
+    async def download() -> int:
+        todo = iter(urls)
+        total = 0
+        async with raw_backends(connections) as backends:
+
+            async def worker() -> None:
+                nonlocal total
+                for url in todo:
+                    got = await drain(backends, url)  # not ``total += await ...``: it would read total first
+                    total += got
+
+            async with asyncio.TaskGroup() as group:
+                for _ in range(min(connections, len(urls))):
+                    group.create_task(worker())
+        return total
+
+    started = time.perf_counter()
+    try:
+        total = asyncio.run(download())
+    except ExceptionGroup as group:  # raw reads do not retry: above a throttling store's limit they fail
+        throttled, rest = group.split(wds.Throttled)
+        if rest is not None or throttled is None:
+            raise
+        return {"connections": connections, "wall_s": time.perf_counter() - started, "mb_per_s": 0.0,
+                "error": f"{len(throttled.exceptions)} requests throttled (raw reads do not retry)"}
+    wall = time.perf_counter() - started
+    return {"connections": connections, "wall_s": wall, "mb_per_s": total / wall / MB}
+
+
 def run_scenario(sc: Scenario, root: Path) -> dict[str, Any]:
     folder = root / f"{sc.shards}x{sc.shard_bytes}"
     make_shards(folder, n_shards=sc.shards, shard_bytes=sc.shard_bytes, sample_bytes=min(100 << 10, sc.shard_bytes // 8))
     with StoreProcess(folder, sc.knobs) as store:
         urls = [store.base_url + f"shard-{i:06d}.tar" for i in range(sc.shards)] * sc.repeat
+        raw = {}
+        for level in sc.levels:
+            raw[level] = _raw(urls, level)
+            print(f"  [{sc.name}] raw   {level:4d}: {raw[level]['mb_per_s']:7.1f} MB/s {raw[level].get('error', '')}",
+                  file=sys.stderr, flush=True)
         fixed = {}
         for level in sc.levels:
             fixed[level] = _run(urls, level, 1)[0]
@@ -114,8 +158,11 @@ def run_scenario(sc: Scenario, root: Path) -> dict[str, Any]:
                   f"({r['reason']})", file=sys.stderr, flush=True)
     best_level = max(fixed, key=lambda k: fixed[k]["mb_per_s"])
     best = fixed[best_level]["mb_per_s"]
-    return {"scenario": sc.name, "text": sc.text, "fixed": fixed, "auto": auto, "best_fixed": best_level,
-            "ratios": [r["mb_per_s"] / best for r in auto]}
+    best_raw_level = max(raw, key=lambda k: raw[k]["mb_per_s"])
+    best_raw = raw[best_raw_level]["mb_per_s"]
+    return {"scenario": sc.name, "text": sc.text, "raw": raw, "best_raw": best_raw_level, "fixed": fixed, "auto": auto,
+            "best_fixed": best_level, "ratios": [r["mb_per_s"] / best for r in auto],
+            "raw_ratios": [r["mb_per_s"] / best_raw for r in auto]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,15 +174,18 @@ def main(argv: list[str] | None = None) -> int:
     out = []
     for name in args.scenarios.split(","):
         out.append(run_scenario(SCENARIOS[name.strip()], Path(args.root)))
-    print(f"{'scenario':<64} {'best fixed':>14} {'auto MB/s':>10} {'auto/best':>9}  {'auto ends at'}")
+    print(f"{'scenario':<64} {'best raw':>14} {'best fixed':>14} {'auto MB/s':>10} {'auto/best':>9} {'auto/raw':>8}  "
+          f"{'auto ends at'}")
     for r in out:
         best = r["fixed"][r["best_fixed"]]["mb_per_s"]
-        for i, (a, ratio) in enumerate(zip(r["auto"], r["ratios"])):
+        best_raw = r["raw"][r["best_raw"]]["mb_per_s"]
+        for i, (a, ratio, raw_ratio) in enumerate(zip(r["auto"], r["ratios"], r["raw_ratios"])):
             label = f"({r['scenario']}) {r['text']}" + (f" [epoch {i + 1}]" if len(r["auto"]) > 1 else "")
             late = ""
             if a["late_requests"]:
                 late = f"; {a['late_throttled']}/{a['late_requests']} rejected after 5 s"
-            print(f"{label:<64} {best:8.1f} @{r['best_fixed']:<4} {a['mb_per_s']:10.1f} {ratio:9.2f}  "
+            print(f"{label:<64} {best_raw:8.1f} @{r['best_raw']:<4} {best:8.1f} @{r['best_fixed']:<4} "
+                  f"{a['mb_per_s']:10.1f} {ratio:9.2f} {raw_ratio:8.2f}  "
                   f"{a['concurrency']} ({a['reason']}){late}")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1, default=str))

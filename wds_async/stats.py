@@ -58,6 +58,7 @@ class Stats:
     cache_hits: int = 0            # items read from a complete copy in the shard cache
     cache_fills: int = 0           # shards written to the shard cache (committed) while they streamed
     ttfb_s: float | None = None    # time to first byte, a moving average over requests
+    request_bytes: float | None = None  # bytes an answered request asks for, a moving average (see observe_ttfb)
     open_streams: int = 0          # requests answered and streaming now (not those waiting or backing off)
     concurrency: int = 0           # requests the engine allows in flight now
     concurrency_cap: int = 0       # the most it may allow (fixed, or the autotuner's ceiling)
@@ -75,9 +76,12 @@ class Stats:
     #: The engine's live byte budget, read for current/peak buffered bytes (set by the engine).
     budget: Any = field(default=None, repr=False, compare=False)
 
-    def observe_ttfb(self, seconds: float) -> None:
-        """Fold one request's time to first byte into the moving average."""
+    def observe_ttfb(self, seconds: float, length: int | None = None) -> None:
+        """Fold one request's time to first byte, and the bytes it asks for (``length``, when the answer
+        says), into the moving averages."""
         self.ttfb_s = seconds if self.ttfb_s is None else 0.8 * self.ttfb_s + 0.2 * seconds
+        if length is not None and length > 0:
+            self.request_bytes = length if self.request_bytes is None else 0.8 * self.request_bytes + 0.2 * length
 
     def delivered(self, count: int) -> None:
         """Count ``count`` samples handed to the consumer; the first ones stamp ``first_sample_s``."""

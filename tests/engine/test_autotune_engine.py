@@ -88,3 +88,106 @@ def test_a_slow_consumer_makes_it_give_connections_back(shards: Path) -> None:
         del it
     # it starts at 25 (what 32 MiB holds in stream allowances) and gives back 20% an interval
     assert stats["concurrency"] <= 10 and "consumer" in stats["concurrency_reason"], stats
+
+
+def _reasons(ds: wds.WebDataset) -> list[tuple[float, int, str]]:
+    """Iterate ``ds`` to the end; every (seconds in, concurrency, reason) the engine's stats showed, polled."""
+    import threading
+    import time
+
+    seen: list[tuple[float, int, str]] = []
+    done = threading.Event()
+    started = time.perf_counter()
+
+    def watch() -> None:
+        while not done.wait(0.01):
+            s = ds.stats()
+            if s["concurrency"] and (not seen or seen[-1][1:] != (s["concurrency"], s["concurrency_reason"])):
+                seen.append((time.perf_counter() - started, s["concurrency"], s["concurrency_reason"]))
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        assert sum(1 for _ in ds) == TOTAL
+    finally:
+        done.set()
+        thread.join()
+    return seen
+
+
+def test_requests_that_mostly_wait_for_their_first_byte_raise_the_level_at_once(shards: Path) -> None:
+    # 200 ms to first byte, then 1 MiB at 10 MB/s: two thirds of a request is waiting. The first answers'
+    # transfer is measured one tick after they stream, and the level jumps before the first interval ends
+    # (0.5 s), by about 1 / (1 - 2/3) = 3x and no further than the 40 items of the list.
+    with StoreProcess(shards, Knobs(ttfb=0.2, bw=10e6)) as store:
+        seen = _reasons(wds.WebDataset(_urls(store), nodesplitter=None, workersplitter=None))
+    jumps = [(t, level) for t, level, reason in seen if reason.startswith("latency-bound")]
+    assert jumps, seen
+    when, level = jumps[0]
+    assert when < 0.5 and 32 < level <= 40, seen
+
+
+def test_requests_that_mostly_transfer_are_left_to_the_ramp(shards: Path) -> None:
+    # 20 ms to first byte, then 1 MiB at 4 MB/s: under a tenth of a request is waiting, nothing jumps
+    with StoreProcess(shards, Knobs(ttfb=0.02, bw=4e6)) as store:
+        seen = _reasons(wds.WebDataset(_urls(store), nodesplitter=None, workersplitter=None))
+    assert not [r for r in seen if r[2].startswith("latency-bound")], seen
+
+
+def test_a_short_list_starts_at_half_its_items_and_keeps_it_where_requests_wait(shards: Path) -> None:
+    # 40 items, a start of 8: the early start is 20 (half the list); two thirds of a request is waiting
+    # for its first byte, so the check keeps 20 and holds there instead of ramping into one wave
+    config = wds.EngineConfig(start_connections=8)
+    with StoreProcess(shards, Knobs(ttfb=0.2, bw=10e6)) as store:
+        seen = _reasons(wds.WebDataset(_urls(store), nodesplitter=None, workersplitter=None, config=config))
+    assert seen[0][1:] == (20, "early start: half of a short list (40 items)"), seen
+    assert [level for _, level, reason in seen if reason.startswith("early start kept")] == [20], seen
+
+
+def test_a_short_list_of_transfers_goes_back_to_the_start_and_ramps(shards: Path) -> None:
+    config = wds.EngineConfig(start_connections=8)
+    with StoreProcess(shards, Knobs(ttfb=0.02, bw=4e6)) as store:
+        seen = _reasons(wds.WebDataset(_urls(store), nodesplitter=None, workersplitter=None, config=config))
+    assert seen[0][1] == 20, seen
+    back = [(level, reason) for _, level, reason in seen if reason.startswith("transfer-bound")]
+    assert back and back[0][0] == 8 and "from the early 20 back to 8" in back[0][1], seen
+
+
+def test_the_next_epoch_starts_at_the_learned_level_without_the_start_up_rules(shards: Path) -> None:
+    config = wds.EngineConfig(start_connections=8)
+    with StoreProcess(shards, Knobs(ttfb=0.2, bw=10e6)) as store:
+        ds = wds.WebDataset(_urls(store), nodesplitter=None, workersplitter=None, config=config)
+        _reasons(ds)
+        learned = ds.stats()["concurrency"]
+        seen = _reasons(ds)
+    assert seen[0][1:] == (learned, "start"), seen
+    assert not [r for r in seen if r[2].startswith(("early", "latency", "transfer"))], seen
+
+
+@pytest.fixture(scope="module")
+def big_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("tune-big")
+    make_shards(root, n_shards=16, shard_bytes=4 * MiB, sample_bytes=64 << 10, seed=5)
+    return root
+
+
+def test_a_throttling_store_with_a_full_budget_does_not_hang(big_shards: Path) -> None:
+    # Found by a hang (scenario c of benchmarks.autotune): items four times the budget's eighth, a store that
+    # answers 503 above 12 requests, the shard-list order. Every 503 gave its token back, so other items
+    # started; the budget filled with the bytes of items behind the one the consumer needed, whose retry then
+    # queued for a token that readers waiting for room held. Now a throttled request keeps its token unless
+    # the limit was lowered, and the item the consumer waits for takes one over the limit.
+    import threading
+
+    retry = wds.RetryPolicy(attempts=1000, base_delay=0.05, max_delay=0.2, deadline=120)
+    with StoreProcess(big_shards, Knobs(bw=10e6, max_concurrent=12)) as store:
+        urls = [store.base_url + f"shard-{i:06d}.tar" for i in range(16)] * 4
+        ds = wds.WebDataset(urls, nodesplitter=None, workersplitter=None, retry=retry, max_buffered_bytes=32 * MiB)
+        seen: Counter[tuple[str, str]] = Counter()
+        thread = threading.Thread(target=lambda: seen.update((s["__url__"], s["__key__"]) for s in ds), daemon=True)
+        thread.start()
+        thread.join(90)
+        assert not thread.is_alive(), f"still reading after 90 s (a hang): {ds.stats()}"
+    per_pass = len(seen)
+    assert per_pass and set(seen.values()) == {4}, "every sample of each of the 4 passes, once"
+    assert ds.stats()["throttled"] > 0

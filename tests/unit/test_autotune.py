@@ -1,9 +1,12 @@
 """The autotuner's decisions, driven by a synthetic store: finds the knee, backs off on 503s, yields to a
-slow consumer, and leaves the concurrency alone when it is not the limit."""
+slow consumer, leaves the concurrency alone when it is not the limit, and jumps once at the start where
+requests mostly wait for their first byte."""
 
 from __future__ import annotations
 
-from wds_async.engine.autotune import Autotuner, Observation
+import pytest
+
+from wds_async.engine.autotune import Autotuner, Observation, latency_level, waiting_share
 from wds_async.engine.limiter import Limiter
 from wds_async.stats import Stats
 
@@ -109,3 +112,66 @@ def test_stays_within_floor_and_cap() -> None:
     for t in range(100, 110):
         tuner.decide(Observation(now=t, throughput=1, throttled=50, limited=1.0, consumer_bound=0.0, in_flight=4))
     assert tuner.limiter.total == 3
+
+
+# -- the latency check: one jump at the start where requests mostly wait for their first byte ----------------
+
+
+def test_waiting_share_is_the_part_of_a_request_spent_before_its_first_byte() -> None:
+    assert waiting_share(0.2, 1e6, 10e6) == pytest.approx(0.2 / 0.3)  # 200 ms, then 1 MB at 10 MB/s
+    assert waiting_share(0.05, 16e6, 20e6) == pytest.approx(0.05 / 0.85)  # 50 ms, then 16 MB at 20 MB/s
+    assert waiting_share(0.2, 1e6, 0.0) == 0.0  # no transfer measured: no claim
+
+
+def test_latency_level_jumps_only_where_waiting_dominates() -> None:
+    assert latency_level(32, 0.2, 1e6, 10e6) == 96  # 2/3 waiting: 32 / (1/3)
+    assert latency_level(32, 0.05, 16e6, 20e6) == 32  # large shards: transfer dominates, the ramp decides
+    assert latency_level(32, 0.005, 1e6, 100e6) == 32  # loopback: no wait to hide
+    assert latency_level(4, 10.0, 1e3, 1e9) == 80  # the wait share is capped at 0.95 (no division by ~0)
+
+
+def _streaming(stats: Stats, ttfb: float, request_bytes: float, streams: int) -> None:
+    stats.ttfb_s, stats.request_bytes, stats.open_streams = ttfb, request_bytes, streams
+
+
+def test_the_check_measures_one_tick_then_jumps_once_within_cap_and_items_left() -> None:
+    tuner = _tuner(start=32, cap=204)
+    stats = tuner.stats
+    assert not tuner.size(0.0)  # nothing answered yet
+    stats.shards_total = 256
+    _streaming(stats, 0.2, 1e6, 32)
+    assert not tuner.size(1.0)  # the first tick with answers streaming marks the bytes read
+    stats.bytes_read += int(32 * 10e6 * 0.05)  # 32 streams at 10 MB/s for one tick
+    assert tuner.size(1.05)
+    assert tuner.limiter.total == 96 and tuner.stats.concurrency_reason.startswith("latency-bound: 67%")
+    stats.bytes_read += int(96 * 10e6 * 0.05)
+    assert not tuner.size(1.1) and tuner.limiter.total == 96  # once only
+
+    tuner = _tuner(start=32, cap=204)
+    tuner.stats.shards_total, tuner.stats.shards_done = 80, 20
+    _streaming(tuner.stats, 0.2, 1e6, 32)
+    tuner.size(0.0)
+    tuner.stats.bytes_read += int(32 * 10e6 * 0.05)
+    assert tuner.size(0.05) and tuner.limiter.total == 60  # no more than the 60 items not yet done
+
+    tuner = _tuner(start=32, cap=64)
+    _streaming(tuner.stats, 0.2, 1e6, 32)  # a list of unknown length (a feed): the cap bounds it
+    tuner.size(0.0)
+    tuner.stats.bytes_read += int(32 * 10e6 * 0.05)
+    assert tuner.size(0.05) and tuner.limiter.total == 64
+
+
+def test_the_check_leaves_bandwidth_bound_reads_and_a_throttled_store_to_the_ramp() -> None:
+    tuner = _tuner(start=32, cap=204)
+    _streaming(tuner.stats, 0.05, 16e6, 32)
+    tuner.size(0.0)
+    tuner.stats.bytes_read += int(32 * 20e6 * 0.05)
+    assert not tuner.size(0.05) and tuner.limiter.total == 32 and tuner.stats.concurrency_reason == "start"
+
+    tuner = _tuner(start=32, cap=204)
+    tuner.decide(Observation(now=0, throughput=1 * MB, throttled=5, limited=1.0, consumer_bound=0.0, in_flight=32))
+    level = tuner.limiter.total
+    _streaming(tuner.stats, 0.2, 1e6, level)
+    tuner.size(0.0)
+    tuner.stats.bytes_read += int(level * 10e6 * 0.05)
+    assert not tuner.size(0.05) and tuner.limiter.total == level  # backed off: not ramping any more

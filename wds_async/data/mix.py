@@ -215,7 +215,7 @@ class _Mix(FluidPipeline):
             spec = specs[members[0]]
             config = spec.config
             if config.autotune and self._tuned:
-                config = config.replace(start_connections=self._tuned)
+                config = config.replace(start_connections=self._tuned, early_start=False)
             engine = SharedEngine(StreamSpec(config, spec.handler, spec.select_files, spec.rename_files,
                                              backends=spec.backends, backend_options=spec.backend_options,
                                              cache=spec.cache, log_interval=spec.log_interval,

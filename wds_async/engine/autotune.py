@@ -19,6 +19,25 @@ its first time-to-first-byte after a change, with the previous ones and decides:
     to a minute), and goes *down* by 25% instead: kept when it loses under 5% (the knee is lower than
     the ramp left it), undone otherwise. So a flat store costs one probe a minute, and the level drifts
     down to the knee rather than staying where a noisy doubling left it.
+``early start``
+    A known list of at most twice the ceiling's items (an evaluation pass, a small fine-tuning set) starts
+    at half its items rather than at ``start_connections`` (32): such an epoch lasts a few request times,
+    and a ramp of doublings an interval apart would take most of it. The latency check below keeps that
+    level where requests mostly wait (and holds there: two waves, not one at the ceiling), and otherwise
+    goes back to ``start_connections`` and ramps from there, so a list of large shards is not left at a
+    level only its first requests chose.
+``latency`` (once, at a cold start: not where a dataset's next epoch starts at the level it learned)
+    Doublings judged an interval apart are slow where a request mostly waits for its first byte: at 200 ms
+    to first byte a doubling costs 0.4 s, and an epoch of small shards is over before the ramp finds its
+    knee. So once the first answers stream, the tuner reads one tick of their transfer and the share of a
+    request's time spent waiting, ``w = t / (t + s / r)`` (``t`` the time to first byte, ``s`` the bytes a
+    request asks for, ``r`` one stream's rate). Where most of it is waiting (``w >= 0.5``), more requests
+    cost connections but little CPU and few bytes each, and the level jumps at once to ``level / (1 - w)``:
+    what keeps as many requests transferring as now with the wait hidden (b: 32 -> 96), capped by the
+    budget's connection cap and by the items left in a known list. Then ramping goes on as usual (twice
+    that was tried: no faster on scenario b of ``benchmarks.autotune``, and noisier).
+    Where transfer dominates (large shards, ``w`` small) nothing changes: a jump there would start past the
+    knee that only the ramp can find.
 ``throttled``
     Any 429/503 (S3 ``SlowDown``, GCS ``rateLimitExceeded``, Azure ``ServerBusy``) in an interval cuts the
     concurrency to the number of requests the store was actually answering at once during it (the best
@@ -51,7 +70,7 @@ from ..io.budget import ByteBudget
 from ..stats import Stats
 from .limiter import Limiter
 
-__all__ = ["Autotuner", "Observation"]
+__all__ = ["Autotuner", "Observation", "early_level", "latency_level", "waiting_share"]
 
 RAMP_GAIN = 1.20     # a doubling must gain this much to keep doubling
 KNEE_KEEP = 0.90     # a doubling that lost more than this is undone at the knee; else kept (see below)
@@ -61,6 +80,7 @@ BACKOFF = 0.50       # the deepest cut on throttling (see ``decide``)
 SHRINK = 0.80        # per interval while the consumer is the bottleneck
 CEILING_SECONDS = 60.0
 TICK = 0.05
+LATENCY_BOUND = 0.5  # the waiting share of a request above which the latency check jumps
 
 
 @dataclass(frozen=True)
@@ -76,12 +96,39 @@ class Observation:
     served: int = 0         # the most requests the store was answering at once during the interval
 
 
+def waiting_share(ttfb: float, request_bytes: float, rate: float) -> float:
+    """The share of a request's time spent waiting for its first byte: ``t / (t + s / r)``."""
+    if rate <= 0:
+        return 0.0
+    return ttfb / (ttfb + request_bytes / rate)
+
+
+def early_level(start: int, cap: int, items: int) -> int:
+    """Where an engine of ``items`` known items starts (see the module docstring): half the list when the
+    cap holds it in two waves, else ``start``."""
+    if 0 < items <= 2 * cap:
+        return max(start, min(cap, items // 2))
+    return start
+
+
+def latency_level(level: int, ttfb: float, request_bytes: float, rate: float) -> int:
+    """The level the latency check jumps to from ``level`` (see the module docstring), or ``level``."""
+    waiting = waiting_share(ttfb, request_bytes, rate)
+    if waiting < LATENCY_BOUND:
+        return level
+    return max(level, math.ceil(level / max(1.0 - waiting, 0.05)))
+
+
 class Autotuner:
     """Drives ``limiter.total`` from the engine's counters (see the module docstring)."""
 
     def __init__(self, limiter: Limiter, stats: Stats, budget: ByteBudget | None, *, minimum: int, cap: int,
-                 probe_every: float = 5.0, has_work: Callable[[], bool] = lambda: True) -> None:
+                 probe_every: float = 5.0, has_work: Callable[[], bool] = lambda: True,
+                 start: int | None = None, cold: bool = True) -> None:
         self.limiter = limiter
+        #: The configured start; a limiter above it started early (``early_level``), to be undone by the
+        #: latency check where requests mostly transfer.
+        self.start = limiter.total if start is None else start
         #: False once the engine has handed out its last item: waiting readers then wait for nothing.
         self.has_work = has_work
         self.stats = stats
@@ -99,7 +146,10 @@ class Autotuner:
         self._ceiling_until = 0.0
         self._gentle = False             # additive growth once the store has throttled
         self._trim_next = False          # the next probe goes down (the last one up gained nothing)
-        self._set(limiter.total, "start")
+        self._sized = not cold           # the latency check has run (see ``size``); a learned start skips it
+        self._size_from: tuple[float, int] | None = None  # (time, bytes read) at the check's first tick
+        self._set(limiter.total, "start" if limiter.total <= self.start else
+                  f"early start: half of a short list ({stats.shards_total} items)")
 
     # -- the loop ------------------------------------------------------------------------------------
     def interval(self) -> float:
@@ -126,16 +176,23 @@ class Autotuner:
             # part of the interval out of the throughput it is judged by.
             settle = min(length / 2, 1.2 * (self.stats.ttfb_s or 0.0)) if changed else 0.0
             mark: tuple[float, int] | None = None
+            jumped = False
             while loop.time() - started < length:
                 if mark is None and loop.time() - started >= settle:
                     mark = (loop.time(), self.stats.bytes_read)
                 await asyncio.sleep(TICK)
                 ticks += 1
+                if not self._sized and self.size(loop.time()):
+                    jumped = True  # the level jumped: this interval judged the old one; start a new one
+                    break
                 served = max(served, self.stats.open_streams)
                 if self.limiter.borrowed >= self.limiter.total and self.limiter.waiting and self.has_work():
                     limited += 1
                 if self.budget is not None and self.budget.used >= 0.75 * self.budget.limit:
                     full += 1
+            if jumped:
+                changed = True
+                continue
             elapsed = max(loop.time() - started, 1e-6)
             waited = (self.stats.wait_seconds - wait0) / elapsed
             if mark is None:  # one tick outlasted the whole interval (a stalled loop): judge it from its start
@@ -148,6 +205,44 @@ class Autotuner:
                 in_flight=self.limiter.borrowed, served=served)
             self.decide(obs)
             changed = self.limiter.total != level
+
+    def size(self, now: float) -> bool:
+        """The latency check (see the module docstring), called every tick until it has run once: the first
+        tick with answers streaming marks the bytes read, the next one measures their rate and decides.
+        True when the level jumped."""
+        stats = self.stats
+        if self._sized or self.phase != "ramp" or stats.ttfb_s is None or not stats.request_bytes or not stats.open_streams:
+            return False
+        if self._size_from is None:
+            self._size_from = (now, stats.bytes_read)
+            return False
+        since, bytes0 = self._size_from
+        if now - since < TICK / 2:
+            return False
+        self._sized = True
+        rate = (stats.bytes_read - bytes0) / (now - since) / stats.open_streams  # one stream's bytes/s
+        level = self.limiter.total
+        waiting = waiting_share(stats.ttfb_s, stats.request_bytes, rate)
+        seen = (f"{waiting:.0%} of a request waits for its first byte ({stats.ttfb_s * 1000:.0f} ms, then "
+                f"{stats.request_bytes / 1e6:.1f} MB at {rate / 1e6:.0f} MB/s per stream)")
+        self._ramp_from = None
+        if level > self.start:  # started early on a short list: keep it where waiting dominates, else undo
+            if waiting >= LATENCY_BOUND:
+                # Half the list in flight is two waves: hold there (probing later, as from any knee) rather
+                # than double on into one large wave at the ceiling.
+                self.phase, self._held, self._next_probe = "hold", 0.0, time.monotonic() + self._probe_wait
+                self._set(level, f"early start kept: {seen}")
+                return False
+            self._set(self.start, f"transfer-bound: {seen}: from the early {level} back to {self.start}, to ramp")
+            return True
+        target = latency_level(level, stats.ttfb_s, stats.request_bytes, rate)
+        if stats.shards_total:  # a known list: no more requests than items not yet done
+            target = min(target, max(level, stats.shards_total - stats.shards_done))
+        target = min(self._top(time.monotonic()), target)
+        if target <= level:
+            return False
+        self._set(target, f"latency-bound: {seen}: {level} -> {target}")
+        return True
 
     # -- the decision --------------------------------------------------------------------------------
     def _set(self, level: int, reason: str) -> None:

@@ -102,6 +102,12 @@ class RangeReader:
             raise ObjectChanged(f"the object changed between attempts ({conflict}); refusing to splice two "
                                 "versions of one shard", url=self.shown, offset=self.pos)
 
+    def _asked(self, start: int) -> int | None:
+        """The bytes a request from ``start`` asks for, when the range or the object's size says."""
+        size = self.identity.size if self.identity is not None else None
+        end = self.end if self.end is not None else size
+        return None if end is None else end - start
+
     async def chunks(self) -> AsyncGenerator[bytes, None]:
         """Yield the range's bytes in order, exactly once each, retrying and resuming as needed."""
         failures, first_failure = 0, 0.0
@@ -127,7 +133,7 @@ class RangeReader:
                             self.pos += len(chunk)
                             if self.stats is not None:
                                 if first:
-                                    self.stats.observe_ttfb(time.monotonic() - opened)
+                                    self.stats.observe_ttfb(time.monotonic() - opened, self._asked(progress_at_start))
                                     first = False
                                 self.stats.bytes_read += len(chunk)
                             yield chunk
