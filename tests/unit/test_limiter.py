@@ -132,3 +132,27 @@ async def test_acquire_unless_cancelled_takes_no_token() -> None:
     assert limiter.borrowed == 1 and limiter.waiting == 0
     limiter.release()
     assert limiter.borrowed == 0
+
+
+async def test_acquire_unless_first_goes_ahead_of_the_queue() -> None:
+    limiter = Limiter(1)
+    await limiter.acquire()
+    order: list[str] = []
+
+    async def new_work() -> None:
+        await limiter.acquire()
+        order.append("new")
+        limiter.release()
+
+    async def started_work() -> None:
+        assert await limiter.acquire_unless(lambda: False, 0.01, first=True)
+        order.append("started")
+        limiter.release()
+
+    new = asyncio.create_task(new_work())
+    await _settle()
+    started = asyncio.create_task(started_work())
+    await _settle()
+    limiter.release()
+    await asyncio.gather(new, started)
+    assert order == ["started", "new"]

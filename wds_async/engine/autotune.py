@@ -147,7 +147,7 @@ class Autotuner:
         self._gentle = False             # additive growth once the store has throttled
         self._trim_next = False          # the next probe goes down (the last one up gained nothing)
         self._sized = not cold           # the latency check has run (see ``size``); a learned start skips it
-        self._size_from: tuple[float, int] | None = None  # (time, bytes read) at the check's first tick
+        self._size_from: tuple[float, int, int] | None = None  # (time, bytes read, streams) at its first tick
         self._set(limiter.total, "start" if limiter.total <= self.start else
                   f"early start: half of a short list ({stats.shards_total} items)")
 
@@ -214,13 +214,15 @@ class Autotuner:
         if self._sized or self.phase != "ramp" or stats.ttfb_s is None or not stats.request_bytes or not stats.open_streams:
             return False
         if self._size_from is None:
-            self._size_from = (now, stats.bytes_read)
+            self._size_from = (now, stats.bytes_read, stats.open_streams)
             return False
-        since, bytes0 = self._size_from
+        since, bytes0, open0 = self._size_from
         if now - since < TICK / 2:
             return False
         self._sized = True
-        rate = (stats.bytes_read - bytes0) / (now - since) / stats.open_streams  # one stream's bytes/s
+        # One stream's bytes/s, over the most streams open at either end of the tick: a rate taken too high
+        # would call transfers waits (a stream's first burst, streams that ended within the tick).
+        rate = (stats.bytes_read - bytes0) / (now - since) / max(open0, stats.open_streams)
         level = self.limiter.total
         waiting = waiting_share(stats.ttfb_s, stats.request_bytes, rate)
         seen = (f"{waiting:.0%} of a request waits for its first byte ({stats.ttfb_s * 1000:.0f} ms, then "

@@ -284,9 +284,12 @@ class Engine:
             raise
 
     async def _token_back(self, token: object) -> None:
-        """Queue for a token again (after giving one back); the item the consumer starves for takes one over
-        the limit rather than wait (see ``_requeue``)."""
-        if not await self.limiter.acquire_unless(lambda: self.channel.starving_for(token), REQUEUE_CHECK):
+        """Queue for a token again (after giving one back), ahead of readers waiting to start new items: an
+        item already open is nearer the consumer than any item not started, and each new one would hold
+        budget and a store connection too. The item the consumer starves for takes one over the limit rather
+        than wait (see ``_requeue``)."""
+        if not await self.limiter.acquire_unless(lambda: self.channel.starving_for(token), REQUEUE_CHECK,
+                                                 first=True):
             self.limiter.overdraw()
 
     async def _requeue(self, token: object) -> None:

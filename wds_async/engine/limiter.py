@@ -73,13 +73,18 @@ class Limiter:
                 fut.cancel()
             raise
 
-    async def acquire_unless(self, stop: Callable[[], bool], every: float) -> bool:
-        """Wait for a token as :meth:`acquire` does (same FIFO place), asking ``stop()`` every ``every``
-        seconds: True once a token was taken; False, without one, when ``stop()`` said True first."""
-        if self.try_acquire():
+    async def acquire_unless(self, stop: Callable[[], bool], every: float, *, first: bool = False) -> bool:
+        """Wait for a token as :meth:`acquire` does, asking ``stop()`` every ``every`` seconds: True once a
+        token was taken; False, without one, when ``stop()`` said True first. ``first``: queue at the front
+        (work already started, which must not wait behind new work)."""
+        if self.borrowed < self._total and (first or not self.waiting):
+            self.borrowed += 1
             return True
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
+        if first:
+            self._waiters.appendleft(fut)
+        else:
+            self._waiters.append(fut)
         try:
             while True:
                 done, _ = await asyncio.wait({fut}, timeout=every)  # a future, not a task: nothing to own
