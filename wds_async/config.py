@@ -142,12 +142,11 @@ class EngineConfig:
             ``start_connections``; an int fixes it.
         min_connections / start_connections / connection_cap: the autotuner's floor, first value and
             ceiling (the node budget lowers the ceiling to this process's share).
-        early_start: the autotuner's two start-up rules (see docs/tuning.md): a known list of at most
-            twice the ceiling's items starts at half its items (at least ``start_connections``), since a
-            short epoch is over before a ramp from 32 finds its level; and once the first answers stream,
-            the level jumps where requests mostly wait for their first byte, or the early start is undone
-            where they mostly transfer. A dataset's next epoch, which starts at the level the last one
-            settled at, turns both off.
+        early_start: the autotuner's start-up check (see docs/tuning.md): once the first answers stream,
+            where requests mostly wait for their first byte, the level jumps at once (for a known list, to
+            at least half the items left) instead of ramping: a short epoch is over before a ramp from 32
+            finds its level. A dataset's next epoch, which starts at the level the last one settled at,
+            turns it off.
         part_bytes: a shard larger than this is fetched as concurrent ranged parts of this size, fed to
             its parser in order (0: never split; else at least 32 KiB, see :data:`MIN_PART_BYTES`). ``pipe:``
             sources are always read sequentially.

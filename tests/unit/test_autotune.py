@@ -143,9 +143,11 @@ def test_the_check_measures_one_tick_then_jumps_once_within_cap_and_items_left()
     assert not tuner.size(1.0)  # the first tick with answers streaming marks the bytes read
     stats.bytes_read += int(32 * 10e6 * 0.05)  # 32 streams at 10 MB/s for one tick
     assert tuner.size(1.05)
-    assert tuner.limiter.total == 96 and tuner.stats.concurrency_reason.startswith("latency-bound: 67%")
-    stats.bytes_read += int(96 * 10e6 * 0.05)
-    assert not tuner.size(1.1) and tuner.limiter.total == 96  # once only
+    # 32 / (1 - 2/3) = 96, and half the 256 items of the list: 128; a short list then holds (two waves)
+    assert tuner.limiter.total == 128 and tuner.stats.concurrency_reason.startswith("latency-bound: 67%")
+    assert tuner.phase == "hold"
+    stats.bytes_read += int(128 * 10e6 * 0.05)
+    assert not tuner.size(1.1) and tuner.limiter.total == 128  # once only
 
     tuner = _tuner(start=32, cap=204)
     tuner.stats.shards_total, tuner.stats.shards_done = 80, 20
@@ -158,7 +160,7 @@ def test_the_check_measures_one_tick_then_jumps_once_within_cap_and_items_left()
     _streaming(tuner.stats, 0.2, 1e6, 32)  # a list of unknown length (a feed): the cap bounds it
     tuner.size(0.0)
     tuner.stats.bytes_read += int(32 * 10e6 * 0.05)
-    assert tuner.size(0.05) and tuner.limiter.total == 64
+    assert tuner.size(0.05) and tuner.limiter.total == 64 and tuner.phase == "ramp"  # unknown length: ramps on
 
 
 def test_the_check_leaves_bandwidth_bound_reads_and_a_throttled_store_to_the_ramp() -> None:

@@ -19,13 +19,6 @@ its first time-to-first-byte after a change, with the previous ones and decides:
     to a minute), and goes *down* by 25% instead: kept when it loses under 5% (the knee is lower than
     the ramp left it), undone otherwise. So a flat store costs one probe a minute, and the level drifts
     down to the knee rather than staying where a noisy doubling left it.
-``early start``
-    A known list of at most twice the ceiling's items (an evaluation pass, a small fine-tuning set) starts
-    at half its items rather than at ``start_connections`` (32): such an epoch lasts a few request times,
-    and a ramp of doublings an interval apart would take most of it. The latency check below keeps that
-    level where requests mostly wait (and holds there: two waves, not one at the ceiling), and otherwise
-    goes back to ``start_connections`` and ramps from there, so a list of large shards is not left at a
-    level only its first requests chose.
 ``latency`` (once, at a cold start: not where a dataset's next epoch starts at the level it learned)
     Doublings judged an interval apart are slow where a request mostly waits for its first byte: at 200 ms
     to first byte a doubling costs 0.4 s, and an epoch of small shards is over before the ramp finds its
@@ -33,9 +26,13 @@ its first time-to-first-byte after a change, with the previous ones and decides:
     request's time spent waiting, ``w = t / (t + s / r)`` (``t`` the time to first byte, ``s`` the bytes a
     request asks for, ``r`` one stream's rate). Where most of it is waiting (``w >= 0.5``), more requests
     cost connections but little CPU and few bytes each, and the level jumps at once to ``level / (1 - w)``:
-    what keeps as many requests transferring as now with the wait hidden (b: 32 -> 96), capped by the
-    budget's connection cap and by the items left in a known list. Then ramping goes on as usual (twice
-    that was tried: no faster on scenario b of ``benchmarks.autotune``, and noisier).
+    what keeps as many requests transferring as now with the wait hidden, and for a known list at least to
+    half the items not yet done (a short epoch, such as an evaluation pass, lasts a few request times: two
+    waves of requests, not a ramp), capped by the budget's connection cap and by the items left. A jump
+    for a known list holds there (probing later, as from any knee); one for an unknown length ramps on.
+    Starting at half a known list at once, before any answer, was measured and dropped: it won (b) but cost
+    a list of 397 shards of 2 MiB at 50 ms a later first sample (+60 ms) and 0.3 s more waiting, since
+    transfer dominated there and the first shard shared the link with 197 others.
     Where transfer dominates (large shards, ``w`` small) nothing changes: a jump there would start past the
     knee that only the ramp can find.
 ``throttled``
@@ -70,7 +67,7 @@ from ..io.budget import ByteBudget
 from ..stats import Stats
 from .limiter import Limiter
 
-__all__ = ["Autotuner", "Observation", "early_level", "latency_level", "waiting_share"]
+__all__ = ["Autotuner", "Observation", "latency_level", "waiting_share"]
 
 RAMP_GAIN = 1.20     # a doubling must gain this much to keep doubling
 KNEE_KEEP = 0.90     # a doubling that lost more than this is undone at the knee; else kept (see below)
@@ -103,14 +100,6 @@ def waiting_share(ttfb: float, request_bytes: float, rate: float) -> float:
     return ttfb / (ttfb + request_bytes / rate)
 
 
-def early_level(start: int, cap: int, items: int) -> int:
-    """Where an engine of ``items`` known items starts (see the module docstring): half the list when the
-    cap holds it in two waves, else ``start``."""
-    if 0 < items <= 2 * cap:
-        return max(start, min(cap, items // 2))
-    return start
-
-
 def latency_level(level: int, ttfb: float, request_bytes: float, rate: float) -> int:
     """The level the latency check jumps to from ``level`` (see the module docstring), or ``level``."""
     waiting = waiting_share(ttfb, request_bytes, rate)
@@ -124,11 +113,8 @@ class Autotuner:
 
     def __init__(self, limiter: Limiter, stats: Stats, budget: ByteBudget | None, *, minimum: int, cap: int,
                  probe_every: float = 5.0, has_work: Callable[[], bool] = lambda: True,
-                 start: int | None = None, cold: bool = True) -> None:
+                 cold: bool = True) -> None:
         self.limiter = limiter
-        #: The configured start; a limiter above it started early (``early_level``), to be undone by the
-        #: latency check where requests mostly transfer.
-        self.start = limiter.total if start is None else start
         #: False once the engine has handed out its last item: waiting readers then wait for nothing.
         self.has_work = has_work
         self.stats = stats
@@ -148,8 +134,7 @@ class Autotuner:
         self._trim_next = False          # the next probe goes down (the last one up gained nothing)
         self._sized = not cold           # the latency check has run (see ``size``); a learned start skips it
         self._size_from: tuple[float, int, int] | None = None  # (time, bytes read, streams) at its first tick
-        self._set(limiter.total, "start" if limiter.total <= self.start else
-                  f"early start: half of a short list ({stats.shards_total} items)")
+        self._set(limiter.total, "start")
 
     # -- the loop ------------------------------------------------------------------------------------
     def interval(self) -> float:
@@ -227,23 +212,19 @@ class Autotuner:
         waiting = waiting_share(stats.ttfb_s, stats.request_bytes, rate)
         seen = (f"{waiting:.0%} of a request waits for its first byte ({stats.ttfb_s * 1000:.0f} ms, then "
                 f"{stats.request_bytes / 1e6:.1f} MB at {rate / 1e6:.0f} MB/s per stream)")
-        self._ramp_from = None
-        if level > self.start:  # started early on a short list: keep it where waiting dominates, else undo
-            if waiting >= LATENCY_BOUND:
-                # Half the list in flight is two waves: hold there (probing later, as from any knee) rather
-                # than double on into one large wave at the ceiling.
-                self.phase, self._held, self._next_probe = "hold", 0.0, time.monotonic() + self._probe_wait
-                self._set(level, f"early start kept: {seen}")
-                return False
-            self._set(self.start, f"transfer-bound: {seen}: from the early {level} back to {self.start}, to ramp")
-            return True
         target = latency_level(level, stats.ttfb_s, stats.request_bytes, rate)
-        if stats.shards_total:  # a known list: no more requests than items not yet done
-            target = min(target, max(level, stats.shards_total - stats.shards_done))
+        if target <= level:
+            return False
+        left = stats.shards_total - stats.shards_done
+        if stats.shards_total:  # a known list: at least half the items left, and no more than all of them
+            target = min(max(target, left // 2), left)
         target = min(self._top(time.monotonic()), target)
         if target <= level:
             return False
+        self._ramp_from = None
         self._set(target, f"latency-bound: {seen}: {level} -> {target}")
+        if stats.shards_total:  # two waves of a short list: hold rather than double into one at the ceiling
+            self.phase, self._held, self._next_probe = "hold", 0.0, time.monotonic() + self._probe_wait
         return True
 
     # -- the decision --------------------------------------------------------------------------------

@@ -53,7 +53,7 @@ from ..io.reader import RangeReader, ReadContext
 from ..io.source import ItemSource, OpenedItem, StoreSource
 from ..stats import Stats
 from ..urls import redact_url
-from .autotune import Autotuner, early_level
+from .autotune import Autotuner
 from .channel import ChannelClosed, RoutedChannel, SampleChannel
 from .failures import leaves, pick, translate
 from .feed import ItemFeed
@@ -136,10 +136,9 @@ class Engine:
             self.stats.concurrency = self.stats.concurrency_cap = self.limiter.total
             self.stats.concurrency_reason = "shared: the node service's limiter"
         elif config.autotune:
-            start = start_level(config, self.budget.limit)
-            self.limiter = Limiter(early_level(start, cap, self.stats.shards_total) if config.early_start else start)
+            self.limiter = Limiter(start_level(config, self.budget.limit))
             tuner = Autotuner(self.limiter, self.stats, self.budget, minimum=min(config.min_connections, cap),
-                              cap=cap, has_work=lambda: not self._exhausted, start=start, cold=config.early_start)
+                              cap=cap, has_work=lambda: not self._exhausted, cold=config.early_start)
         else:
             self.limiter = Limiter(start_level(config, self.budget.limit))
             self.stats.concurrency = self.stats.concurrency_cap = cap
