@@ -63,6 +63,7 @@ from .outcomes import Outcomes
 from .parts import Lanes, PartedRead
 from .shard import ShardParse, read_shard
 from .spec import Handler, StreamSpec
+from .tokens import Tokens
 from .work import ItemDone, WorkItem
 
 __all__ = ["Engine", "Handler"]  # Handler: re-exported from .spec, where it is defined
@@ -74,8 +75,6 @@ _GROUP = BaseExceptionGroup
 #: The byte-budget allowance of one open http(s) stream (``HttpBackend.capabilities.buffer_allowance``): the engine
 #: allows at most as many streams as fit in half the budget.
 STREAM_ALLOWANCE = 640 << 10
-#: Seconds between a requeued request's looks at whether the consumer starves for its item (see _requeue).
-REQUEUE_CHECK = 0.05
 
 
 
@@ -105,7 +104,7 @@ class Engine:
         #: A limiter given by the caller is shared with other engines (the node service runs one engine per
         #: client over one node-wide limiter, tuned by its own autotuner): used as is, never autotuned here.
         self._shared_limiter = limiter
-        #: Give the token back while waiting for room in the byte budget (see ``_wait_for_room``).
+        #: Give the token back while waiting for room in the byte budget (see tokens.py).
         self.yield_tokens = yield_tokens
         self.spec = spec
         # A list, or a lazy iterator (resampled or pipeline shard streams), pulled only in the loop thread.
@@ -125,6 +124,8 @@ class Engine:
         self.stats.budget = self.budget
         #: What every read of this engine shares (retries, counters, the byte budget, token requeue).
         self._reads = ReadContext(config.retry, stats, self.budget)  # each item adds its requeue (_read_opened)
+        #: What a reader does with its token while it cannot read (made again in ``run`` once the limiter is known).
+        self._tokens = Tokens(self.limiter, channel, yield_tokens=yield_tokens)
 
     async def run(self) -> None:
         """Fetch every shard; errors that escape the handler logic are delivered via the channel."""
@@ -145,6 +146,7 @@ class Engine:
             self.stats.concurrency_reason = f"fixed: max_connections={config.connections}" + (
                 f", lowered to {cap}: each open stream takes {STREAM_ALLOWANCE >> 10} KiB of max_buffered_bytes="
                 f"{self.budget.limit}" if cap < config.connections else "")
+        self._tokens = Tokens(self.limiter, self.channel, yield_tokens=self.yield_tokens)
         try:
             async with TaskGroup() as outer:
                 logger = outer.create_task(self._log_periodically()) if self.log_interval else None
@@ -265,53 +267,6 @@ class Engine:
         finally:
             self.limiter.release()
 
-    async def _wait_for_room(self, token: object) -> None:
-        """Wait until the reader of ``token`` may read another chunk. With ``yield_tokens`` a reader that has
-        to wait gives its limiter token back meanwhile and queues for one after, so that readers stalled by
-        their own consumer never hold tokens that other engines sharing the limiter could use."""
-        budget = self.budget
-        if not self.yield_tokens or budget.used < budget.limit or self.channel.starving_for(token):
-            await budget.wait_for_room(token, self.channel)
-            return
-        self.limiter.release()
-        try:
-            await budget.wait_for_room(token, self.channel)
-            await self._token_back(token)
-        except BaseException:
-            # Cancelled without a token: count one as taken, since the reader's ``finally`` gives one back.
-            self.limiter.overdraw()
-            raise
-
-    async def _token_back(self, token: object) -> None:
-        """Queue for a token again (after giving one back), ahead of readers waiting to start new items: an
-        item already open is nearer the consumer than any item not started, and each new one would hold
-        budget and a store connection too. The item the consumer starves for takes one over the limit rather
-        than wait (see ``_requeue``)."""
-        if not await self.limiter.acquire_unless(lambda: self.channel.starving_for(token), REQUEUE_CHECK,
-                                                 first=True):
-            self.limiter.overdraw()
-
-    async def _requeue(self, token: object) -> None:
-        """Before a throttled request (of the item of ``token``) retries: where the limit was lowered below the
-        tokens taken, it gives its token back and queues for one, so a retry never exceeds the lowered limit;
-        otherwise it keeps it. (Giving it back always let a new item start on every 503: against a store
-        that answers 503 above 24 requests, 72 of 96 items were open at once with the budget full of the later
-        ones' bytes, and the item the consumer needed read alone.) The item the consumer waits for does not
-        stay queued: readers that wait for room in the
-        budget hold their tokens, and may hold all of them, while the budget is full of the items behind this
-        one, which the consumer can only take after it. So while queued it looks every ``REQUEUE_CHECK``
-        seconds whether the consumer starves for it, and then takes a token over the limit (one request more
-        than the limit, as the budget lets that item overdraw it). Found by a hang: a store answering 503
-        above 24 requests, 96 items of 16 MiB, the limit lowered to 8 while 72 items were open."""
-        if self.limiter.borrowed <= self.limiter.total:
-            return  # within the limit: keep the token, so that a retry never lets another item start
-        self.limiter.release()
-        try:
-            await self._token_back(token)
-        except BaseException:
-            self.limiter.overdraw()  # cancelled without a token: the reader's ``finally`` gives one back
-            raise
-
     async def _read_item(self, item: WorkItem) -> None:
         """One item from open to close in the channel, errors sent to the handler."""
         token = object()
@@ -402,7 +357,7 @@ class Engine:
             lanes = Lanes(self.limiter, self.channel, token, self.config.part_bytes, group)
             reader = PartedRead(backend, item.url, start=item.start if ranged else 0,
                                 end=item.end if ranged else None, expect=item.expect,
-                                context=replace(self._reads, requeue=functools.partial(self._requeue, token)),
+                                context=replace(self._reads, requeue=functools.partial(self._tokens.requeue, token)),
                                 lanes=lanes)
             try:
                 await self._parse_item(item, token, reader, ranged, opened, progress)
@@ -432,7 +387,7 @@ class Engine:
 
         held = 0
         try:
-            async with aclosing(read_shard(reader, parse, before_read=lambda: self._wait_for_room(token),
+            async with aclosing(read_shard(reader, parse, before_read=lambda: self._tokens.wait_for_room(token),
                                            on_chunk=on_chunk)) as reads:
                 async for _chunk, samples in reads:
                     held = self._emit(token, item, samples, held, parse, progress)

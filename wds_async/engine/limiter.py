@@ -101,7 +101,7 @@ class Limiter:
             raise
 
     def overdraw(self) -> None:
-        """Take a token beyond ``total`` (see Engine._requeue); given back with :meth:`release`."""
+        """Take a token beyond ``total`` (see tokens.py); given back with :meth:`release`."""
         self.borrowed += 1
 
     def release(self) -> None:

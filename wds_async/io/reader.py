@@ -44,8 +44,8 @@ class ReadContext:
 
     ``policy``: retries and their deadline. ``stats``: the counters reads add to (requests, bytes, retries,
     throttled answers, open streams, first-byte times). ``budget``: the byte budget that counts each open
-    stream's buffer allowance. ``requeue``: awaited before a throttled request is retried (the engine gives its
-    concurrency token back and waits for one, so a retry never exceeds a limit the autotuner lowered).
+    stream's buffer allowance. ``requeue``: awaited before a throttled request is retried (above a limit the
+    autotuner lowered, the engine gives its concurrency token back and waits for one; see engine/tokens.py).
     """
 
     policy: RetryPolicy = field(default_factory=RetryPolicy)
