@@ -103,7 +103,7 @@ async def test_acquire_unless_keeps_its_fifo_place_and_gives_up_without_a_token_
     await _settle()
     assert got == [True] and limiter.borrowed == 1  # first in line, as acquire() would be
     limiter.release()
-    await b
+    await asyncio.gather(a, b)
     assert got == [True, "second"] and limiter.borrowed == 1
 
     limiter.release()
