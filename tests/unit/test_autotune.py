@@ -124,10 +124,10 @@ def test_waiting_share_is_the_part_of_a_request_spent_before_its_first_byte() ->
 
 
 def test_latency_level_jumps_only_where_waiting_dominates() -> None:
-    assert latency_level(32, 0.2, 1e6, 10e6) == 96  # 2/3 waiting: 32 / (1/3)
-    assert latency_level(32, 0.05, 16e6, 20e6) == 32  # large shards: transfer dominates, the ramp decides
-    assert latency_level(32, 0.005, 1e6, 100e6) == 32  # loopback: no wait to hide
-    assert latency_level(4, 10.0, 1e3, 1e9) == 80  # the wait share is capped at 0.95 (no division by ~0)
+    assert latency_level(32, waiting_share(0.2, 1e6, 10e6)) == 96  # 2/3 waiting: 32 / (1/3)
+    assert latency_level(32, waiting_share(0.05, 16e6, 20e6)) == 32  # large shards: transfer dominates, the ramp decides
+    assert latency_level(32, waiting_share(0.005, 1e6, 100e6)) == 32  # loopback: no wait to hide
+    assert latency_level(4, waiting_share(10.0, 1e3, 1e9)) == 80  # the wait share is capped at 0.95 (no division by ~0)
 
 
 def _streaming(stats: Stats, ttfb: float, request_bytes: float, streams: int) -> None:

@@ -100,9 +100,9 @@ def waiting_share(ttfb: float, request_bytes: float, rate: float) -> float:
     return ttfb / (ttfb + request_bytes / rate)
 
 
-def latency_level(level: int, ttfb: float, request_bytes: float, rate: float) -> int:
-    """The level the latency check jumps to from ``level`` (see the module docstring), or ``level``."""
-    waiting = waiting_share(ttfb, request_bytes, rate)
+def latency_level(level: int, waiting: float) -> int:
+    """The level the latency check jumps to from ``level`` where ``waiting`` is the share of a request spent
+    waiting for its first byte (see the module docstring), or ``level``."""
     if waiting < LATENCY_BOUND:
         return level
     return max(level, math.ceil(level / max(1.0 - waiting, 0.05)))
@@ -212,7 +212,7 @@ class Autotuner:
         waiting = waiting_share(stats.ttfb_s, stats.request_bytes, rate)
         seen = (f"{waiting:.0%} of a request waits for its first byte ({stats.ttfb_s * 1000:.0f} ms, then "
                 f"{stats.request_bytes / 1e6:.1f} MB at {rate / 1e6:.0f} MB/s per stream)")
-        target = latency_level(level, stats.ttfb_s, stats.request_bytes, rate)
+        target = latency_level(level, waiting)
         if target <= level:
             return False
         left = stats.shards_total - stats.shards_done
