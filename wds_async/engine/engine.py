@@ -124,8 +124,8 @@ class Engine:
         self.stats.budget = self.budget
         #: What every read of this engine shares (retries, counters, the byte budget, token requeue).
         self._reads = ReadContext(config.retry, stats, self.budget)  # each item adds its requeue (_read_opened)
-        #: What a reader does with its token while it cannot read (made again in ``run`` once the limiter is known).
-        self._tokens = Tokens(self.limiter, channel, yield_tokens=yield_tokens)
+        #: What a reader does with its token while it cannot read (made in ``run``, once the limiter is known).
+        self._tokens: Tokens
 
     async def run(self) -> None:
         """Fetch every shard; errors that escape the handler logic are delivered via the channel."""

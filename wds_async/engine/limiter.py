@@ -67,10 +67,7 @@ class Limiter:
         try:
             await fut
         except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():
-                self.release()  # the token arrived as we were cancelled
-            else:
-                fut.cancel()
+            self._forsake(fut)
             raise
 
     async def acquire_unless(self, stop: Callable[[], bool], every: float, *, first: bool = False) -> bool:
@@ -94,11 +91,15 @@ class Limiter:
                     fut.cancel()
                     return False
         except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():
-                self.release()
-            else:
-                fut.cancel()
+            self._forsake(fut)
             raise
+
+    def _forsake(self, fut: asyncio.Future[None]) -> None:
+        """A waiter cancelled: it takes no token, and gives back one handed over as it was cancelled."""
+        if fut.done() and not fut.cancelled():
+            self.release()
+        else:
+            fut.cancel()
 
     def overdraw(self) -> None:
         """Take a token beyond ``total`` (see tokens.py); given back with :meth:`release`."""

@@ -102,10 +102,15 @@ class RangeReader:
             raise ObjectChanged(f"the object changed between attempts ({conflict}); refusing to splice two "
                                 "versions of one shard", url=self.shown, offset=self.pos)
 
+    def _stop_at(self) -> int | None:
+        """Where the read ends: the range's end, else the object's size once an answer said it."""
+        if self.end is not None:
+            return self.end
+        return self.identity.size if self.identity is not None else None
+
     def _asked(self, start: int) -> int | None:
         """The bytes a request from ``start`` asks for, when the range or the object's size says."""
-        size = self.identity.size if self.identity is not None else None
-        end = self.end if self.end is not None else size
+        end = self._stop_at()
         return None if end is None else end - start
 
     async def chunks(self) -> AsyncGenerator[bytes, None]:
@@ -143,7 +148,7 @@ class RangeReader:
                         if self.budget is not None:
                             self.budget.unreserve(self.allowance)
                 size = self.identity.size if self.identity is not None else None
-                want = self.end if self.end is not None else size
+                want = self._stop_at()
                 if want is not None and self.pos < want and (size is None or self.pos < size):
                     raise TransientError(f"stream ended after {self.pos} of {want} bytes", url=self.shown,
                                          offset=self.pos)
