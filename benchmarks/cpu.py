@@ -90,6 +90,9 @@ def phase_main(phase: str, urls: list[str], connections: int) -> dict[str, Any]:
         import uvloop  # noqa: F401
     for module in ("wds_async", "wds_async.backends.file", "wds_async.backends.http"):
         importlib.import_module(module)
+    # wds_async.WebDataset is resolved lazily, and its module imports torch where torch is installed (1.5 to 2 CPU s
+    # with a CUDA build): resolve it here, or that import lands in the loader's clock.
+    _ = importlib.import_module("wds_async").WebDataset
 
     if phase == "webdataset":
         import webdataset  # type: ignore[import-untyped]  # noqa: F401
