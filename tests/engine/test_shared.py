@@ -7,6 +7,7 @@ the consumption (a consumer that waits on one route while the others' readers wa
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -160,3 +161,38 @@ def test_weights_size_the_prefetch_windows() -> None:
 def test_a_route_needs_shares(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="at least one"):
         SharedEngine(StreamSpec(), Stats(), [])
+
+
+def test_items_read_ahead_of_the_consumer_free_their_place_in_the_window(tmp_path: Path) -> None:
+    """A route's window counts the items still being read, not those waiting in the buffer for the consumer:
+    with room in the budget, a route whose window of items is read keeps its readers busy with the next ones
+    (counting the buffered ones left readers idle and kept a mix's autotuner from seeing work waiting)."""
+    paths = [str(p) for p in make_shards(tmp_path, n_shards=9, shard_bytes=4 << 20, sample_bytes=256 << 10, seed=5)]
+    spec = StreamSpec(wds.EngineConfig(max_connections=2, max_buffered_bytes=256 << 20, deterministic=True))
+    engine = SharedEngine(spec, Stats(), [0.05, 0.95])  # route 0's hand-offs are 1 MiB: part of an item each
+    try:
+        engine.stats.concurrency = 2
+        window = engine.window(0)
+        assert window == 2
+        stream = engine.batches(iter(wds.WebDataset(paths).work_items()), 0)
+        first = next(stream)  # part of the first item, none of its end
+        assert not any(isinstance(x, ItemDone) for x in first)
+        channel = engine._started()[0].channel
+        assert isinstance(channel, RoutedChannel)
+        deadline = time.monotonic() + 30
+        while channel.ended[0] < window:  # the window's items are read and wait in the buffer
+            assert time.monotonic() < deadline, "the window's items were not read"
+            time.sleep(0.01)
+        time.sleep(0.2)
+        assert channel.ended[0] == window  # nothing more was submitted while the consumer was away
+        got = first + next(stream)  # the consumer is back: the route tops up past the items waiting in the buffer
+        assert not any(isinstance(x, ItemDone) for x in got)  # still within the first item: none was consumed
+        while channel.ended[0] <= window:
+            assert time.monotonic() < deadline, "no item beyond the window was read while the others waited"
+            time.sleep(0.01)
+        got += [x for batch in stream for x in batch]
+        assert [x.id for x in got if isinstance(x, ItemDone)] == list(range(9))  # type: ignore[attr-defined]
+        alone = ({k: v for k, v in x.items() if k != "__local_path__"} for x in wds.WebDataset(paths))
+        assert sample_digest([x for x in got if not isinstance(x, ItemDone)]) == sample_digest(alone)  # type: ignore[misc]
+    finally:
+        engine.close()

@@ -266,6 +266,9 @@ class RoutedChannel(SampleChannel):
         self.failure: BaseException | None = None
         #: The route whose consumer asked last (written by consumer threads, read by the loop: a hint only).
         self.waiting: int | None = None
+        #: Per route, the items whose read ended (closed by the engine, done or failed): written by the loop,
+        #: read by the route's consumer to tell items still being read from items waiting in the buffer.
+        self.ended = [0] * routes
 
     def _targets(self, token: object) -> list[SampleChannel]:
         route = self._route_of.get(token)
@@ -298,7 +301,9 @@ class RoutedChannel(SampleChannel):
     def close_shard(self, token: object) -> None:
         for channel in self._targets(token):
             channel.close_shard(token)
-        self._route_of.pop(token, None)
+        route = self._route_of.pop(token, None)
+        if route is not None:
+            self.ended[route] += 1
 
     def finish(self) -> None:
         for channel in self.routes:
