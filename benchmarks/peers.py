@@ -10,7 +10,8 @@ client (ours and each peer's own) sees the same latency and the same per-connect
 
 The shards live in the bucket ``bench`` of the store (the folder ``DIR/bench``) and are read as
 ``s3://bench/...`` by wds-async and the S3 peers, as ``gs://bench/...`` by gsutil, as path-style http
-URLs by webdataset. For each scenario and protocol this runs ``wds-async bench --peers`` (see
+URLs by webdataset (``--gs``: wds-async's own rows read ``gs://bench/...`` too, the report gsutil users
+compare with). For each scenario and protocol this runs ``wds-async bench --peers`` (see
 :mod:`wds_async.cli.bench.run`) and writes ``OUT/peers-SCENARIO-PROTO.json`` and ``.png``, then prints every
 table and the store's own CPU seconds per GB served (it shares the machine's cores with the client
 being measured, so a store near a full core would be a bottleneck: the figure shows it is not).
@@ -28,7 +29,7 @@ from typing import Any
 from benchmarks.make_shards import make_shards, parse_size
 from emustore import Knobs, StoreProcess
 from wds_async.cli.bench.peers import peer_names
-from wds_async.cli.bench.peers._report import format_peers_table, plot_peers
+from wds_async.cli.bench.peers._report import add_ratios, format_peers_table, plot_peers
 from wds_async.cli.bench.run import run_bench
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,7 +51,7 @@ def _shards(root: Path, name: str, spec: dict[str, Any], n_shards: int) -> list[
 
 
 def run_one(root: Path, name: str, proto: str, peers: list[str], connections: int, n_shards: int,
-            out: Path, timeout: float) -> tuple[list[dict[str, Any]], str]:
+            out: Path, timeout: float, gs: bool = False) -> tuple[list[dict[str, Any]], str]:
     spec = SCENARIOS[name]
     urls = _shards(root, name, spec, n_shards)
     with StoreProcess(root, Knobs(ttfb=spec["ttfb"], bw=spec["bw"]), https=proto == "https") as store:
@@ -63,10 +64,22 @@ def run_one(root: Path, name: str, proto: str, peers: list[str], connections: in
         os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
         if ca_file:
             os.environ["SSL_CERT_FILE"] = ca_file
+        if gs:  # our rows read the same objects through the GCS backend, on the store's GCS JSON face
+            os.environ["STORAGE_EMULATOR_HOST"] = endpoint
         try:
             before = store.stats()
-            rows = run_bench(urls, connections=connections, peers=peers, endpoint=endpoint, ca_file=ca_file,
-                             timeout=timeout)
+            if gs:
+                own = run_bench([u.replace("s3://", "gs://", 1) for u in urls], connections=connections,
+                                timeout=timeout)
+                for row in own:
+                    row["name"] = f"{row['name']} over gs://"
+                rows = own + [r for r in run_bench(urls, connections=connections, peers=peers, endpoint=endpoint,
+                                                   ca_file=ca_file, timeout=timeout, autotune=False)
+                              if r.get("peer") not in ("wds-async", "raw")]
+                add_ratios(rows)
+            else:
+                rows = run_bench(urls, connections=connections, peers=peers, endpoint=endpoint, ca_file=ca_file,
+                                 timeout=timeout)
             after = store.stats()
         finally:
             os.environ.clear()
@@ -94,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shards", type=int, default=None, help="override the scenario's shard count")
     parser.add_argument("--out", default=str(ROOT / ".bench" / "peers"), help="JSON and PNG files go here")
     parser.add_argument("--timeout", type=float, default=900, help="seconds one phase or peer run may take")
+    parser.add_argument("--gs", action="store_true",
+                        help="wds-async's own rows read gs:// (the GCS backend on the store's GCS JSON face), in the same "
+                             "store run as the peers (use with --peers gsutil --protocols https)")
     args = parser.parse_args(argv)
     peers = peer_names(args.peers)
     root, out = Path(args.dir), Path(args.out)
@@ -102,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.scenarios.split(","):
         for proto in args.protocols.split(","):
             n = args.shards or SCENARIOS[name]["shards"]
-            _, text = run_one(root, name, proto, peers, args.connections, n, out, args.timeout)
+            _, text = run_one(root, name, proto, peers, args.connections, n, out, args.timeout, args.gs)
             print(text, flush=True)
             reports.append(text)
     (out / "peers.md").write_text("\n".join(reports))
