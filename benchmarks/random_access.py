@@ -7,7 +7,9 @@ Each run is a fresh subprocess reading the same shards through ``DataLoader(batc
 
 * ``stream``: ``WebDataset(urls)`` in shard order (the workers split the shards);
 * ``indexed``: ``IndexedWebDataset(urls, index=...)`` with ``RandomSampler`` (one seeded permutation);
-* ``block``: the same with ``BlockShuffleSampler(block_size=16)``;
+* ``ahead``: the same with ``BlockShuffleSampler(ds, block_size=1)``, a uniform shuffle the dataset follows: each
+  worker keeps its next batches in flight (``readahead``, default 2) while the DataLoader uses the current one;
+* ``block``: ``BlockShuffleSampler(block_size=16)`` (read ahead too);
 * ``wids``: wids' ``ShardListDataset`` (the ``wids`` package that webdataset 1.0.2 points to) in the same random
   order as ``indexed``, over the same http store (it downloads whole shards into its cache with curl);
 * ``cached``: ``IndexedWebDataset(..., cache_dir=...)``, two epochs in random order: the store bytes each epoch
@@ -62,9 +64,12 @@ def run(ds, sampler, epochs=1):
 if mode == "stream":
     ds = wds.WebDataset(urls)
     result = run(ds, None)
-elif mode in ("indexed", "block"):
+elif mode in ("indexed", "block", "ahead"):
     ds = wds.IndexedWebDataset(urls, index=index)
-    sampler = order(len(ds)) if mode == "indexed" else wds.BlockShuffleSampler(ds, block_size=16, seed=1)
+    if mode == "indexed":
+        sampler = order(len(ds))
+    else:  # the sampler registers with the dataset, whose workers then read ahead along its order
+        sampler = wds.BlockShuffleSampler(ds, block_size=16 if mode == "block" else 1, seed=1)
     result = run(ds, sampler)
 elif mode == "cached":
     ds = wds.IndexedWebDataset(urls, index=index, cache_dir=extra)
@@ -139,7 +144,8 @@ def main() -> None:
     parser.add_argument("--bw", type=float, default=20e6)
     parser.add_argument("--wids", type=int, default=1, help="run wids (1) or not (0)")
     parser.add_argument("--wids-lru", type=int, default=10, help="wids' lru_size (its default: 10)")
-    parser.add_argument("--modes", default="stream,indexed,block", help="which of stream, indexed, block to run")
+    parser.add_argument("--modes", default="stream,indexed,ahead,block",
+                        help="which of stream, indexed, ahead, block to run")
     parser.add_argument("--cached", type=int, default=1, help="run the two cached epochs (1) or not (0)")
     parser.add_argument("--dir", default=None, help="where the shards live (default: a temporary folder)")
     args = parser.parse_args()
@@ -176,7 +182,7 @@ def main() -> None:
             def rate(mode: str) -> float:
                 return results[mode]["samples"] / results[mode]["wall_s"]
 
-            ratios = [f"{mode}/stream {rate(mode) / rate('stream'):.2f}x" for mode in ("indexed", "block")
+            ratios = [f"{mode}/stream {rate(mode) / rate('stream'):.2f}x" for mode in ("indexed", "ahead", "block")
                       if mode in results and "stream" in results]
             if "wids" in results and "indexed" in results:
                 ratios.append(f"indexed/wids {rate('indexed') / rate('wids'):.1f}x")

@@ -14,6 +14,12 @@ a batch are submitted at once to this process's long-lived engine (:class:`~wds_
 which reads them concurrently through the same limiter, autotuner, byte budget, retries and ranged reads as
 streaming. Every sample returned is checked to be the one asked for (its key and offset).
 
+Reading ahead: torch's DataLoader gives a worker its next batch only when the last one is done, so each batch
+would pay the store's time to first byte in turn. Where the dataset follows its sampler (:meth:`follow`, which
+:class:`~wds_async.BlockShuffleSampler` calls), each process finds where a batch lies in the sampler's order and
+starts its next ``readahead`` batches at once (:mod:`wds_async.data.readahead`); a guess that misses is dropped, and
+an error of a batch read ahead is raised only when that batch is asked for.
+
 Processes: nothing runs at construction but loading and matching the index. The engine (a loop thread and its
 connections) starts on the first read in each process, with this process's share of the node budgets
 (:mod:`wds_async.node`); a forked DataLoader worker sees another pid and starts its own. Pickling drops it
@@ -35,14 +41,12 @@ import bisect
 import copy
 import operator
 import os
-import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..backends.pipe import pipes_allowed
 from ..cache.disk import make_cache
 from ..config import EngineConfig, RetryPolicy
-from ..engine.fetcher import Requests
 from ..engine.grouping import Sample
 from ..engine.spec import StreamSpec
 from ..engine.work import WorkItem
@@ -50,13 +54,15 @@ from ..errors import ShardFormatError
 from ..index.format import ShardEntry, ShardIndex
 from ..io import scheme_options, validate_url
 from ..node import share_config
-from ..stats import Stats
 from ..urls import expand_urls, redact_url, scheme_of
 from . import handlers as _handlers
 from ._torch import HAVE_TORCH
 from .dataset import _path_setter
+from .readahead import Ahead
+from .reads import Planned, ProcessReads
 from .stages import factories as _f
 from .stages.base import Stage
+from .topology import worker_info
 
 if TYPE_CHECKING or HAVE_TORCH:
     from torch.utils.data import Dataset as _MapBase
@@ -110,6 +116,8 @@ class IndexedWebDataset(_MapBase[Any]):
             index's identity is checked against the copy instead).
         node_connections: node-wide connection budget divided among the local loader processes.
         node_buffered_bytes: node-wide byte budget, divided the same way.
+        readahead: batches each process reads ahead along the order of the sampler it follows (:meth:`follow`;
+            :class:`~wds_async.BlockShuffleSampler` registers itself); 0 reads each batch only when asked.
     """
 
     def __init__(
@@ -133,6 +141,7 @@ class IndexedWebDataset(_MapBase[Any]):
         cache_validate: bool = False,
         node_connections: int | None = None,
         node_buffered_bytes: int | None = None,
+        readahead: int = 2,
     ) -> None:
         changes = {k: v for k, v in dict(
             max_connections=max_connections, max_buffered_bytes=max_buffered_bytes, part_bytes=part_bytes,
@@ -149,6 +158,10 @@ class IndexedWebDataset(_MapBase[Any]):
         if not isinstance(coalesce_bytes, int) or coalesce_bytes < 0:
             raise ValueError(f"coalesce_bytes must be a non-negative int, not {coalesce_bytes!r}")
         self.coalesce_bytes = coalesce_bytes
+        if not isinstance(readahead, int) or isinstance(readahead, bool) or readahead < 0:
+            raise ValueError(f"readahead must be a non-negative int (batches), not {readahead!r}")
+        self.readahead = readahead
+        self._order: Any = None  # the sampler whose order this dataset reads ahead along (follow())
         self.urls = expand_urls(urls)
         if not self.urls:
             raise ValueError("IndexedWebDataset needs at least one shard URL")
@@ -189,7 +202,7 @@ class IndexedWebDataset(_MapBase[Any]):
         self._len = total
         self._stages: list[Stage] = []
         self._local = any(scheme_of(u) == "file" for u in self.urls)
-        self._proc: _Process | None = None
+        self._proc: ProcessReads | None = None
 
     # -- the sequence ----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -220,7 +233,7 @@ class IndexedWebDataset(_MapBase[Any]):
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """The samples at ``indices`` (in that order), read concurrently: what DataLoader calls for a batch."""
         located = [self.locate(i) for i in indices]
-        samples = self._fetch(located)
+        samples = self._read(indices, located)
         out = []
         given: set[tuple[int, int]] = set()
         for at in located:
@@ -231,6 +244,16 @@ class IndexedWebDataset(_MapBase[Any]):
             out.append(self._apply(got))
         return out
 
+    def follow(self, sampler: Any) -> Self:
+        """Read ahead along ``sampler``'s order: ``sampler`` is the DataLoader's (any object whose iteration gives
+        the indices, with ``set_epoch`` when the order changes by epoch; :class:`~wds_async.BlockShuffleSampler`
+        calls this itself). Each process then keeps its next ``readahead`` batches in flight while the DataLoader
+        uses the current one, instead of one batch at a time; see :mod:`wds_async.data.readahead`. Returns self."""
+        if not hasattr(sampler, "__iter__"):
+            raise TypeError(f"follow() needs a sampler (an iterable of indices), not {type(sampler).__name__}")
+        self._order = sampler
+        return self
+
     def __iter__(self) -> Iterator[Any]:
         """Every sample in index order, a batch of ranges at a time."""
         step = 256
@@ -238,10 +261,10 @@ class IndexedWebDataset(_MapBase[Any]):
             yield from self.__getitems__(range(lo, min(lo + step, self._len)))  # type: ignore[arg-type]
 
     # -- reading ---------------------------------------------------------------------------------
-    def _process(self) -> _Process:
+    def _process(self) -> ProcessReads:
         proc = self._proc
         if proc is None or proc.pid != os.getpid():
-            proc = self._proc = _Process(self._spec())
+            proc = self._proc = ProcessReads(self._spec())
         return proc
 
     def _spec(self) -> StreamSpec:
@@ -250,6 +273,44 @@ class IndexedWebDataset(_MapBase[Any]):
         return StreamSpec(config, backends=self._backends, backend_options=self._backend_options, cache=self.cache)
 
     def _fetch(self, located: Iterable[tuple[int, int]]) -> dict[tuple[int, int], Sample]:
+        planned = self._plan(located)
+        return self._finish(planned, self._process().requests.fetch(planned.items))
+
+    def _read(self, indices: Sequence[int], located: list[tuple[int, int]]) -> dict[tuple[int, int], Sample]:
+        """The batch ``indices``, with the next batches of this process started first where the order is known."""
+        proc = self._process()
+        if self._order is None or not self.readahead or self.cache is not None or None in self.entries:
+            return self._fetch(located)  # no order to follow; whole-shard reads (cache, no index) are not guessed
+        ahead = proc.ahead
+        if ahead is None or ahead.sampler is not self._order:
+            proc.drop_ahead()
+            ahead = proc.ahead = Ahead(self._order, workers=worker_info()[1], depth=self.readahead)
+        at = ahead.place(indices)
+        planned = proc.pending.pop(at, None) if at is not None else None
+        proc.drop_ahead(keep_after=at)  # batches guessed before this one (or off the order) will not be asked for
+        if planned is None:
+            planned = self._plan(located)
+            proc.requests.submit(planned.items)
+        speculative = planned.ahead
+        if at is not None:
+            for start, upcoming in ahead.upcoming(at, len(indices)):
+                if start not in proc.pending:
+                    guess = self._plan([self.locate(i) for i in upcoming], ahead=True)
+                    proc.requests.submit(guess.items)
+                    proc.pending[start] = guess
+                    speculative = True
+        try:
+            return self._finish(planned, proc.requests.collect([item.id for item in planned.items]))
+        except Exception:
+            if not speculative:
+                raise
+        # Something in flight failed, and reads guessed ahead were among it: the engine stopped them all. Read this
+        # batch again on its own, so that an error is raised by the batch that holds its sample, and only by it.
+        proc.drop_ahead()
+        return self._fetch(located)
+
+    def _plan(self, located: Iterable[tuple[int, int]], ahead: bool = False) -> Planned:
+        """The work items that read ``located`` (coalesced runs, or whole shards to learn or cache)."""
         proc = self._process()
         by_shard: dict[int, set[int]] = {}
         for shard, sample in located:
@@ -274,16 +335,20 @@ class IndexedWebDataset(_MapBase[Any]):
                                           end=entry.ends[run[-1]], compressed=entry.compressed,
                                           expect=entry.identity()))
                     wanted[item_id] = (shard, {entry.offsets[j]: j for j in run})
-        found = proc.requests.fetch(items)
+        return Planned(items, wanted, by_shard, ahead)
+
+    def _finish(self, planned: Planned, found: dict[int, list[Sample]]) -> dict[tuple[int, int], Sample]:
+        """The samples ``planned`` asked for, out of what its items delivered (``found``), each checked."""
+        items, wanted, by_shard = planned.items, planned.wanted, planned.by_shard
         if self.cache is not None:
-            proc.copied.update(item.shard for item in items if item.end is None)
+            self._process().copied.update(item.shard for item in items if item.end is None)
         set_path = _path_setter() if self._local else None
         out: dict[tuple[int, int], Sample] = {}
         for item_id, (shard, offsets) in wanted.items():
             got_all = found[item_id]
             if offsets is None:  # a shard read whole to learn where its samples lie
-                entry = self._learn(shard, got_all)
-                offsets = {entry.offsets[j]: j for j in by_shard[shard]}
+                learned = self._learn(shard, got_all)
+                offsets = {learned.offsets[j]: j for j in by_shard[shard]}
             entry = self.entries[shard]
             assert entry is not None
             for got in got_all:
@@ -408,26 +473,3 @@ class IndexedWebDataset(_MapBase[Any]):
 
 def _call(data: Iterable[Any], fn: Callable[[Iterable[Any]], Iterator[Any]]) -> Iterator[Any]:
     return fn(data)
-
-
-class _Process:
-    """What one process reads with: its engine, its item ids, the shards it knows to have a local copy."""
-
-    def __init__(self, spec: StreamSpec) -> None:
-        self.pid = os.getpid()
-        self.requests = Requests(spec, Stats())
-        self.lock = threading.Lock()
-        self._ids = 0
-        self.copied: set[int] = set()
-
-    def next_id(self) -> int:
-        self._ids += 1
-        return self._ids
-
-    def has_copy(self, cache: Any, shard: int, url: str) -> bool:
-        if shard in self.copied or not cache.cacheable(url):
-            return True
-        if os.path.exists(cache.path(url, ".json")) and os.path.exists(cache.path(url)):
-            self.copied.add(shard)
-            return True
-        return False

@@ -15,6 +15,12 @@ epoch's order is cut into ``num_replicas`` contiguous, equal shares (padded by w
 dropped with ``drop_last``), as ``DistributedSampler`` does, so every rank draws the same number of samples by
 construction and a share stays made of whole blocks. ``set_epoch(n)`` selects the permutation, the same on every
 rank for a given ``(seed, epoch)``.
+
+Reading ahead: given an :class:`~wds_async.IndexedWebDataset` (not only its length), the sampler registers with it
+(:meth:`~wds_async.IndexedWebDataset.follow`), and each DataLoader worker then keeps its next batches in flight
+while the current one is used. torch's ``RandomSampler`` draws its permutation in the main process, out of the
+workers' sight, so with it each worker reads one batch at a time; ``BlockShuffleSampler(ds, block_size=1)`` is a
+uniform shuffle that workers can follow.
 """
 
 from __future__ import annotations
@@ -71,6 +77,9 @@ class BlockShuffleSampler:
             self.per_rank = n // self.num_replicas
         else:
             self.per_rank = math.ceil(n / self.num_replicas) if n else 0
+        follow = getattr(data_source, "follow", None)
+        if callable(follow):  # an IndexedWebDataset: it reads its next batches ahead along this order
+            follow(self)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch

@@ -7,12 +7,16 @@ raised by an item (the default handler raises: ``ObjectChanged``, ``NotFound``, 
 it ends a stream; the object then closes its bridge and raises the error, and the next :meth:`~Requests.fetch`
 starts a fresh bridge. Use one per process: the bridge's loop thread does not survive ``fork`` and a forked copy
 refuses to run (the owner rebuilds one when its pid changed).
+
+Reading ahead: :meth:`Requests.submit` starts items now and :meth:`Requests.collect` returns them later, so a
+caller that knows its next batches keeps them in flight while it uses the current one; samples of items it did not
+ask for yet are kept (by item id) until it does, and :meth:`Requests.discard` drops items it no longer wants.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from ..errors import EngineError
@@ -36,6 +40,8 @@ class Requests:
         self._feed: ItemFeed | None = None
         self._batches: Iterator[list[Any]] | None = None
         self._lock = threading.Lock()
+        self._found: dict[int, list[Sample]] = {}  # item id -> its samples so far, for every item in flight
+        self._ended: set[int] = set()  # items in flight whose ItemDone arrived
 
     def _start(self) -> None:
         feed = ItemFeed()
@@ -46,38 +52,75 @@ class Requests:
     def fetch(self, items: Sequence[WorkItem]) -> dict[int, list[Sample]]:
         """Read ``items`` (ids unique among the items in flight) and return each one's samples, in the order
         the item delivered them, by item id. An error of any item is raised here (the others are dropped)."""
-        wanted = {item.id for item in items}
-        if len(wanted) != len(items):
-            raise ValueError("work items of one fetch need distinct ids")
-        found: dict[int, list[Sample]] = {item.id: [] for item in items}
-        if not items:
-            return found
         with self._lock:
-            if self._bridge is None:
-                self._start()
-            assert self._feed is not None and self._batches is not None
-            self._feed.submit(items)
-            try:
-                while wanted:
-                    batch = next(self._batches, None)
-                    if batch is None:
-                        raise EngineError("the engine ended while a batch of reads was in flight")
-                    for got in batch:
-                        kind = type(got)
-                        if kind is Sample:
-                            found[got.item].append(got)
-                        elif kind is ItemDone:
-                            wanted.discard(got.id)
-                        elif isinstance(got, BaseException):
-                            raise got
-            except BaseException:
-                self._close_locked()  # the channel ended (or the caller gave up): the next fetch starts afresh
-                raise
-        return found
+            self._submit_locked(items)
+            return self._collect_locked([item.id for item in items])
+
+    def submit(self, items: Sequence[WorkItem]) -> None:
+        """Start reading ``items`` now (ids unique among the items in flight); :meth:`collect` returns them."""
+        with self._lock:
+            self._submit_locked(items)
+
+    def collect(self, ids: Sequence[int]) -> dict[int, list[Sample]]:
+        """The samples of the submitted items ``ids``, by id, once each one ended; samples of other submitted items
+        that arrive meanwhile are kept for their own :meth:`collect`. An error of any item in flight is raised here
+        and ends every read in flight (the next call starts a fresh engine)."""
+        with self._lock:
+            return self._collect_locked(ids)
+
+    def discard(self, ids: Iterable[int]) -> None:
+        """Forget submitted items: what they delivered or will deliver is dropped."""
+        with self._lock:
+            for item_id in ids:
+                self._found.pop(item_id, None)
+                self._ended.discard(item_id)
+
+    def _submit_locked(self, items: Sequence[WorkItem]) -> None:
+        ids = {item.id for item in items}
+        if len(ids) != len(items) or not ids.isdisjoint(self._found):
+            raise ValueError("work items in flight need distinct ids")
+        if not items:
+            return
+        if self._bridge is None:
+            self._start()
+        assert self._feed is not None
+        for item_id in ids:
+            self._found[item_id] = []
+        self._feed.submit(items)
+
+    def _collect_locked(self, ids: Sequence[int]) -> dict[int, list[Sample]]:
+        found, ended = self._found, self._ended
+        unknown = [item_id for item_id in ids if item_id not in found]
+        if unknown:
+            raise ValueError(f"items {unknown[:5]} were not submitted (or were discarded)")
+        try:
+            while not ended.issuperset(ids):
+                assert self._batches is not None
+                batch = next(self._batches, None)
+                if batch is None:
+                    raise EngineError("the engine ended while a batch of reads was in flight")
+                for got in batch:
+                    kind = type(got)
+                    if kind is Sample:
+                        samples = found.get(got.item)
+                        if samples is not None:  # else: a discarded item's
+                            samples.append(got)
+                    elif kind is ItemDone:
+                        if got.id in found:
+                            ended.add(got.id)
+                    elif isinstance(got, BaseException):
+                        raise got
+        except BaseException:
+            self._close_locked()  # the channel ended (or the caller gave up): the next fetch starts afresh
+            raise
+        ended.difference_update(ids)
+        return {item_id: found.pop(item_id) for item_id in ids}
 
     def _close_locked(self) -> None:
         bridge, batches, feed = self._bridge, self._batches, self._feed
         self._bridge = self._batches = self._feed = None
+        self._found.clear()
+        self._ended.clear()
         if feed is not None:
             feed.close()
         close = getattr(batches, "close", None)  # a generator: closed so that it ends here, not at collection
