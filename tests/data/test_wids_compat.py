@@ -123,3 +123,15 @@ def test_chunked_samplers_give_wids_permutations(served: Any, tmp_path: Path, ep
     a2, b2 = ours.ShardListSampler(ref, seed=5), wids.wids.ShardListSampler(ref, seed=5)
     for _ in range(2):
         assert list(a2) == list(b2)
+
+
+def test_chunked_sampler_order_is_read_ahead_with_the_same_samples(served: Any) -> None:
+    store, _, _ = served
+    ds = ours.ShardListDataset(store.base_url + "dataset.json", transformations=[])
+    plain = ours.ShardListDataset(store.base_url + "dataset.json", transformations=[])
+    sampler = ours.ChunkedSampler(ds, chunksize=16, seed=2, shufflefirst=True)
+    assert ds._order is sampler and plain._order is None
+    order = list(ours.ChunkedSampler(plain, chunksize=16, seed=2, shufflefirst=True))
+    got = [s for lo in range(0, len(order), 10) for s in ds.__getitems__(order[lo:lo + 10])]
+    assert ds._proc is not None and ds._proc.ahead is not None
+    assert [_values(s) for s in got] == [_values(plain[i]) for i in order]

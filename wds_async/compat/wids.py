@@ -303,6 +303,7 @@ class ChunkedSampler:
         self.ranges = [(i, min(i + chunksize, hi)) for i in range(lo, hi, chunksize)]
         self.seed, self.shuffle, self.shufflefirst = seed, shuffle, shufflefirst
         self.epoch = 0
+        _follow(dataset, self)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -314,6 +315,13 @@ class ChunkedSampler:
 
     def __len__(self) -> int:
         return self.dslength_per_replica
+
+
+def _follow(dataset: Any, sampler: Any) -> None:
+    """Our datasets read ahead along the sampler's order (IndexedWebDataset.follow); wids' own ignore it."""
+    follow = getattr(dataset, "follow", None)
+    if callable(follow) and isinstance(dataset, ShardListDataset):
+        follow(sampler)
 
 
 def _ranges(ranges: list[tuple[int, int]], rng: random.Random, within: bool, order: bool) -> Iterator[int]:
@@ -337,6 +345,7 @@ class ShardListSampler:
         starts = [sum(lengths[:k]) for k in range(len(lengths))]
         self.ranges = [(s, s + n) for s, n in zip(starts, lengths)]
         self.seed, self.shufflefirst, self.epoch = seed, shufflefirst, 0
+        _follow(dataset, self)
 
     def __iter__(self) -> Iterator[int]:
         rng = random.Random(self.seed + _EPOCH_MULT * self.epoch)

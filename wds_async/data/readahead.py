@@ -47,6 +47,8 @@ class Ahead:
                 sampler = copy.copy(self.sampler)
                 if hasattr(sampler, "set_epoch"):
                     sampler.set_epoch(epoch)
+                elif hasattr(sampler, "epoch"):  # wids' ShardListSampler counts its epochs without set_epoch
+                    sampler.epoch = epoch
                 sequence = self._sequences[epoch] = array("q", iter(sampler))
                 while len(self._sequences) > 3:
                     del self._sequences[min(self._sequences)]
