@@ -184,8 +184,9 @@ def main() -> None:
 
             ratios = [f"{mode}/stream {rate(mode) / rate('stream'):.2f}x" for mode in ("indexed", "ahead", "block")
                       if mode in results and "stream" in results]
-            if "wids" in results and "indexed" in results:
-                ratios.append(f"indexed/wids {rate('indexed') / rate('wids'):.1f}x")
+            for mode in ("indexed", "ahead"):
+                if "wids" in results and mode in results:
+                    ratios.append(f"{mode}/wids {rate(mode) / rate('wids'):.1f}x")
             print("   ".join(ratios))
 
 
