@@ -71,13 +71,32 @@ def test_getitems_reads_the_next_batches_ahead_and_returns_the_same_samples(serv
     batches = _batches(list(sampler), 16)
     got = ds.__getitems__(batches[0])
     proc = ds._proc
-    assert proc is not None and sorted(proc.pending) == [16, 32]  # one process (no workers): the next two batches
+    assert proc is not None and sorted(proc.pending) == [(0, 16), (0, 32)]  # one process: the next two batches
     got += ds.__getitems__(batches[1])
-    assert sorted(proc.pending) == [32, 48]
+    assert sorted(proc.pending) == [(0, 32), (0, 48)]
     for batch in batches[2:]:
         got += ds.__getitems__(batch)
     assert not proc.pending
     assert [_plain(s) for s in got] == [streamed[i] for b in batches for i in b]
+
+
+def test_a_new_epoch_never_takes_the_last_epoch_s_guesses(served: Any) -> None:
+    urls, index, streamed = served
+    ds = wds.IndexedWebDataset(urls, index=index)
+    sampler = wds.BlockShuffleSampler(ds, block_size=1, seed=7)
+    ds.__getitems__(_batches(list(sampler), 16)[0])  # epoch 0: positions 16 and 32 read ahead
+    sampler.set_epoch(1)
+    second = _batches(list(sampler), 16)[1]  # epoch 1's batch at position 16: other indices
+    assert [_plain(s) for s in ds.__getitems__(second)] == [streamed[i] for i in second]
+    assert ds._proc is not None and sorted(ds._proc.pending) == [(1, 32), (1, 48)]
+
+
+def test_iterating_in_index_order_reads_nothing_ahead(served: Any) -> None:
+    urls, index, streamed = served
+    ds = wds.IndexedWebDataset(urls, index=index)
+    wds.BlockShuffleSampler(ds, block_size=1, seed=7)
+    assert [_plain(s) for s in ds] == streamed
+    assert ds._proc is not None and ds._proc.ahead is None and not ds._proc.pending
 
 
 def test_a_batch_off_the_order_drops_the_guesses_and_is_served(served: Any) -> None:

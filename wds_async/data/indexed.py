@@ -257,8 +257,10 @@ class IndexedWebDataset(_MapBase[Any]):
     def __iter__(self) -> Iterator[Any]:
         """Every sample in index order, a batch of ranges at a time."""
         step = 256
-        for lo in range(0, self._len, step):
-            yield from self.__getitems__(range(lo, min(lo + step, self._len)))  # type: ignore[arg-type]
+        for lo in range(0, self._len, step):  # index order: not the followed sampler's, so nothing to read ahead
+            located = [self.locate(i) for i in range(lo, min(lo + step, self._len))]
+            samples = self._fetch(located)
+            yield from (self._apply(samples[at]) for at in located)
 
     # -- reading ---------------------------------------------------------------------------------
     def _process(self) -> ProcessReads:
@@ -281,24 +283,26 @@ class IndexedWebDataset(_MapBase[Any]):
         proc = self._process()
         if self._order is None or not self.readahead or self.cache is not None or None in self.entries:
             return self._fetch(located)  # no order to follow; whole-shard reads (cache, no index) are not guessed
-        ahead = proc.ahead
-        if ahead is None or ahead.sampler is not self._order:
-            proc.drop_ahead()
-            ahead = proc.ahead = Ahead(self._order, workers=worker_info()[1], depth=self.readahead)
-        at = ahead.place(indices)
-        planned = proc.pending.pop(at, None) if at is not None else None
-        proc.drop_ahead(keep_after=at)  # batches guessed before this one (or off the order) will not be asked for
-        if planned is None:
-            planned = self._plan(located)
-            proc.requests.submit(planned.items)
-        speculative = planned.ahead
-        if at is not None:
-            for start, upcoming in ahead.upcoming(at, len(indices)):
-                if start not in proc.pending:
-                    guess = self._plan([self.locate(i) for i in upcoming], ahead=True)
-                    proc.requests.submit(guess.items)
-                    proc.pending[start] = guess
-                    speculative = True
+        with proc.ahead_lock:  # the bookkeeping of one batch at a time (a DataLoader worker has one thread anyway)
+            ahead = proc.ahead
+            if ahead is None or ahead.sampler is not self._order:
+                proc.drop_ahead()
+                ahead = proc.ahead = Ahead(self._order, workers=worker_info()[1], depth=self.readahead)
+            at = ahead.place(indices)
+            key = None if at is None or ahead.epoch is None else (ahead.epoch, at)
+            planned = proc.pending.pop(key, None) if key is not None else None
+            proc.drop_ahead(keep_after=key)  # guesses before this batch (or off the order) will not be asked for
+            if planned is None:
+                planned = self._plan(located)
+                proc.requests.submit(planned.items)
+            speculative = planned.ahead
+            if key is not None:
+                for start, upcoming in ahead.upcoming(key[1], len(indices)):
+                    if (key[0], start) not in proc.pending:
+                        guess = self._plan([self.locate(i) for i in upcoming], ahead=True)
+                        proc.requests.submit(guess.items)
+                        proc.pending[(key[0], start)] = guess
+                        speculative = True
         try:
             return self._finish(planned, proc.requests.collect([item.id for item in planned.items]))
         except Exception:
@@ -306,7 +310,8 @@ class IndexedWebDataset(_MapBase[Any]):
                 raise
         # Something in flight failed, and reads guessed ahead were among it: the engine stopped them all. Read this
         # batch again on its own, so that an error is raised by the batch that holds its sample, and only by it.
-        proc.drop_ahead()
+        with proc.ahead_lock:
+            proc.drop_ahead()
         return self._fetch(located)
 
     def _plan(self, located: Iterable[tuple[int, int]], ahead: bool = False) -> Planned:

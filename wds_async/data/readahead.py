@@ -5,95 +5,88 @@ that reads each batch when asked has one batch in flight per worker, and every b
 byte. Given the order its sampler follows (:meth:`~wds_async.IndexedWebDataset.follow`), the dataset can do better:
 the DataLoader cuts the sampler's sequence into consecutive batches of ``batch_size`` and deals them to its
 ``num_workers`` workers in turn, so a worker that was handed the batch at position ``p`` gets the batches at
-``p + k * num_workers * batch_size`` next. :class:`Ahead` finds ``p`` (where the batch is expected, else by a scan of
-the sequence) and names the next ``depth`` batches of this process, which the dataset starts reading at once.
+``p + k * num_workers * batch_size`` next. :class:`Ahead` finds ``p`` (through the position of each index in the
+sequence) and names the next ``depth`` batches of this process, which the dataset starts reading at once.
 
 A guess that turns out wrong (another batch sampler, a worker that died, an epoch the worker did not expect) costs
 the bytes read ahead, never a wrong sample: a batch is always served from the indices it was handed, and read
 ahead only when they are exactly the ones at the position found.
 
-Memory: the rank's sequence is kept as 8 bytes per sample per process (8 MB for a million samples), and at most
-``depth`` batches' samples beyond the current one.
+Memory: the rank's sequence and each index's position in it, 16 bytes per sample per process (16 MB for a million
+samples), for the last three epochs seen; and at most ``depth`` batches' samples beyond the current one.
 """
 
 from __future__ import annotations
 
 import copy
-from array import array
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 __all__ = ["Ahead"]
+
+#: Epochs whose sequences a process keeps (the sampler's, and the next ones a persistent worker may meet).
+KEEP_EPOCHS = 3
 
 
 class Ahead:
     """This process's place in ``sampler``'s order (see the module docstring).
 
-    ``sampler`` is iterated on copies (``set_epoch`` on a copy) for the epoch it names and the next two: a persistent
-    worker keeps the sampler of its first epoch while the main process moves on.
+    ``sampler`` is iterated on copies (``set_epoch``, or ``epoch`` set, on a copy) for the epoch it names and the
+    next two: a persistent worker keeps the sampler of its first epoch while the main process moves on.
     """
 
     def __init__(self, sampler: Any, *, workers: int, depth: int) -> None:
         self.sampler, self.workers, self.depth = sampler, max(1, workers), depth
-        self._epoch: int | None = None
-        self._sequence = array("q")
-        self._sequences: dict[int, array[int]] = {}  # the last few epochs' sequences: a scan must not rebuild them
-        self._expected: int | None = None  # where this process's next batch should start
+        self._orders: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # epoch -> (sequence, position of each index)
+        self.epoch: int | None = None  # the epoch the last batch was found in
 
-    def _load(self, epoch: int) -> None:
-        if epoch != self._epoch:
-            sequence = self._sequences.get(epoch)
-            if sequence is None:
-                sampler = copy.copy(self.sampler)
-                if hasattr(sampler, "set_epoch"):
-                    sampler.set_epoch(epoch)
-                elif hasattr(sampler, "epoch"):  # wids' ShardListSampler counts its epochs without set_epoch
-                    sampler.epoch = epoch
-                sequence = self._sequences[epoch] = array("q", iter(sampler))
-                while len(self._sequences) > 3:
-                    del self._sequences[min(self._sequences)]
-            self._sequence, self._epoch = sequence, epoch
+    def _order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        found = self._orders.get(epoch)
+        if found is None:
+            sampler = copy.copy(self.sampler)
+            if hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(epoch)
+            elif hasattr(sampler, "epoch"):  # wids' ShardListSampler counts its epochs without set_epoch
+                sampler.epoch = epoch
+            sequence = np.fromiter(iter(sampler), dtype=np.int64)
+            size = int(sequence.max()) + 1 if len(sequence) else 0
+            where = np.full(size, -1, dtype=np.int64)
+            where[sequence[::-1]] = np.arange(len(sequence) - 1, -1, -1)  # an index given twice: its first place
+            found = self._orders[epoch] = (sequence, where)
+            while len(self._orders) > KEEP_EPOCHS:
+                del self._orders[min(self._orders)]
+        return found
 
     def place(self, indices: Sequence[int]) -> int | None:
         """The position of ``indices`` (a batch, in order) in the sequence, or None where it is not there."""
         if not indices:
             return None
-        wanted = array("q", indices)
-        size = len(wanted)
-        if self._epoch is not None and self._expected is not None:
-            at = self._expected
-            if self._sequence[at:at + size] == wanted:
-                return self._found(at, size)
+        wanted = np.asarray(indices, dtype=np.int64)
         base = getattr(self.sampler, "epoch", 0)
-        for epoch in (self._epoch, base, base + 1, base + 2):
-            if epoch is None:
+        for epoch in dict.fromkeys(e for e in (self.epoch, base, base + 1, base + 2) if e is not None):
+            sequence, where = self._order(epoch)
+            first = int(wanted[0])
+            if not 0 <= first < len(where) or where[first] < 0:
                 continue
-            self._load(epoch)
-            sequence = self._sequence
-            at = 0
-            while True:
-                try:
-                    at = sequence.index(wanted[0], at)
-                except ValueError:
-                    break
-                if sequence[at:at + size] == wanted:
-                    return self._found(at, size)
-                at += 1
-        self._expected = None
+            at = int(where[first])
+            if np.array_equal(sequence[at:at + len(wanted)], wanted):
+                self.epoch = epoch
+                return at
         return None
 
-    def _found(self, at: int, size: int) -> int:
-        self._expected = at + self.workers * size
-        return at
-
     def upcoming(self, at: int, size: int) -> list[tuple[int, list[int]]]:
-        """The next ``depth`` batches this process should get after the one of ``size`` at ``at``:
-        ``(position, indices)`` each, within the sequence."""
+        """The next ``depth`` batches this process should get after the one of ``size`` at ``at`` (in the epoch of
+        the last :meth:`place`): ``(position, indices)`` each, within the sequence."""
+        if self.epoch is None:
+            return []
+        sequence = self._orders[self.epoch][0] if self.epoch in self._orders else self._order(self.epoch)[0]
         out = []
         step = self.workers * size
         for k in range(1, self.depth + 1):
             start = at + k * step
-            if start >= len(self._sequence):
+            if start >= len(sequence):
                 break
-            out.append((start, list(self._sequence[start:start + size])))
+            out.append((start, sequence[start:start + size].tolist()))
         return out

@@ -39,12 +39,14 @@ class ProcessReads:
         self._ids = 0
         self.copied: set[int] = set()
         self.ahead: Ahead | None = None
-        self.pending: dict[int, Planned] = {}
+        #: Batches read ahead, by (epoch, position) in the followed order; guarded by ahead_lock, as is ahead.
+        self.pending: dict[tuple[int, int], Planned] = {}
+        self.ahead_lock = threading.Lock()
 
-    def drop_ahead(self, keep_after: int | None = None) -> None:
-        """Forget the batches read ahead, but those after position ``keep_after``."""
-        for start in [s for s in self.pending if keep_after is None or s <= keep_after]:
-            self.requests.discard(item.id for item in self.pending.pop(start).items)
+    def drop_ahead(self, keep_after: tuple[int, int] | None = None) -> None:
+        """Forget the batches read ahead, but those of the same epoch after the position ``keep_after`` names."""
+        for key in [k for k in self.pending if keep_after is None or k[0] != keep_after[0] or k[1] <= keep_after[1]]:
+            self.requests.discard(item.id for item in self.pending.pop(key).items)
 
     def next_id(self) -> int:
         self._ids += 1
