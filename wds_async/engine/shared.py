@@ -142,7 +142,8 @@ class SharedEngine:
             return state["in_flight"] - max(0, channel.ended[route] - ended0 - state["seen"])
 
         def top_up() -> None:
-            while not state["exhausted"] and reading() < self.window(route):
+            window = self.window(route)
+            while not state["exhausted"] and reading() < window:
                 item = next(source, None)
                 if item is None:
                     state["exhausted"] = True
@@ -166,6 +167,17 @@ class SharedEngine:
             # the route's share of the hand-off size (at least 1 MiB) keep all of them near one hand-off.
             handoff = max(1 << 20, int(self.spec.config.handoff_bytes * self.shares[route]))
             for batch in bridge.batches(route, handoff):
+                if not adopted and not junk:  # no primed item in flight: only the ends need counting (at C speed)
+                    ends = list(map(type, batch)).count(ItemDone)
+                    state["seen"] += ends
+                    state["in_flight"] -= ends
+                    top_up()  # the window grows with the concurrency: new tokens find this route's items waiting
+                    if batch:
+                        yield batch
+                    if state["exhausted"] and not state["in_flight"]:
+                        complete = True  # the route is empty and clean: a repeat of the source may use it again
+                        return
+                    continue
                 out: list[Any] = []
                 for got in batch:
                     kind = type(got)
