@@ -55,6 +55,17 @@ def test_a_persistent_worker_finds_the_next_epochs_order() -> None:
     assert ahead.upcoming(20, 10) == [(30, list(moved)[30:40])]
 
 
+def test_a_persistent_worker_moves_on_epoch_by_epoch_holding_two_orders_at_most() -> None:
+    sampler = wds.BlockShuffleSampler(50, block_size=1, seed=4)
+    ahead = Ahead(sampler, workers=1, depth=1)  # its copy of the sampler stays at epoch 0
+    for epoch in range(4):
+        moved = wds.BlockShuffleSampler(50, block_size=1, seed=4)
+        moved.set_epoch(epoch)
+        assert ahead.place(list(moved)[10:20]) == 10 and ahead.epoch == epoch
+        assert ahead.place([49, 48, 47]) is None or ahead.epoch == epoch  # a miss looks in this epoch and the next
+        assert len(ahead._orders) <= 2
+
+
 def test_ranks_follow_their_own_share() -> None:
     shares = [wds.BlockShuffleSampler(90, block_size=1, seed=2, num_replicas=3, rank=r) for r in range(3)]
     for sampler in shares:

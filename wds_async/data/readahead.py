@@ -12,8 +12,13 @@ A guess that turns out wrong (another batch sampler, a worker that died, an epoc
 the bytes read ahead, never a wrong sample: a batch is always served from the indices it was handed, and read
 ahead only when they are exactly the ones at the position found.
 
-Memory: the rank's sequence and each index's position in it, 16 bytes per sample per process (16 MB for a million
-samples), for the last three epochs seen; and at most ``depth`` batches' samples beyond the current one.
+Which epoch: a worker made for this epoch (``persistent_workers=False``) holds a copy of the sampler at the epoch the
+main process set; a persistent worker keeps the copy of its first epoch while the main process moves on. So a batch
+is looked for in the epoch of the last batch found and in the next one (at first: the sampler's epoch and the next).
+
+Memory: per epoch looked in (two at most), the rank's sequence and each index's position in it, 8 bytes per sample
+per process (16 with more than 2**31 samples): 8 MB for a million samples; and at most ``depth`` batches' samples
+beyond the current one.
 """
 
 from __future__ import annotations
@@ -26,15 +31,13 @@ import numpy as np
 
 __all__ = ["Ahead"]
 
-#: Epochs whose sequences a process keeps (the sampler's, and the next ones a persistent worker may meet).
-KEEP_EPOCHS = 3
 
 
 class Ahead:
     """This process's place in ``sampler``'s order (see the module docstring).
 
-    ``sampler`` is iterated on copies (``set_epoch``, or ``epoch`` set, on a copy) for the epoch it names and the
-    next two: a persistent worker keeps the sampler of its first epoch while the main process moves on.
+    ``sampler`` is iterated on copies (``set_epoch``, or ``epoch`` set, on a copy) for the epochs a batch is looked
+    for in (see the module docstring).
     """
 
     def __init__(self, sampler: Any, *, workers: int, depth: int) -> None:
@@ -52,11 +55,11 @@ class Ahead:
                 sampler.epoch = epoch
             sequence = np.fromiter(iter(sampler), dtype=np.int64)
             size = int(sequence.max()) + 1 if len(sequence) else 0
-            where = np.full(size, -1, dtype=np.int64)
-            where[sequence[::-1]] = np.arange(len(sequence) - 1, -1, -1)  # an index given twice: its first place
+            kind = np.int32 if max(size, len(sequence)) < 2**31 else np.int64
+            sequence = sequence.astype(kind)
+            where = np.full(size, -1, dtype=kind)
+            where[sequence[::-1]] = np.arange(len(sequence) - 1, -1, -1, dtype=kind)  # given twice: its first place
             found = self._orders[epoch] = (sequence, where)
-            while len(self._orders) > KEEP_EPOCHS:
-                del self._orders[min(self._orders)]
         return found
 
     def place(self, indices: Sequence[int]) -> int | None:
@@ -64,14 +67,16 @@ class Ahead:
         if not indices:
             return None
         wanted = np.asarray(indices, dtype=np.int64)
-        base = getattr(self.sampler, "epoch", 0)
-        for epoch in dict.fromkeys(e for e in (self.epoch, base, base + 1, base + 2) if e is not None):
+        first = int(wanted[0])
+        now = self.epoch if self.epoch is not None else int(getattr(self.sampler, "epoch", 0) or 0)
+        for epoch in (now, now + 1):
             sequence, where = self._order(epoch)
-            first = int(wanted[0])
             if not 0 <= first < len(where) or where[first] < 0:
                 continue
             at = int(where[first])
             if np.array_equal(sequence[at:at + len(wanted)], wanted):
+                if epoch != self.epoch:  # moved on: the epoch before is not looked in again
+                    self._orders = {e: o for e, o in self._orders.items() if e >= epoch}
                 self.epoch = epoch
                 return at
         return None
