@@ -167,7 +167,7 @@ class SharedEngine:
             # the route's share of the hand-off size (at least 1 MiB) keep all of them near one hand-off.
             handoff = max(1 << 20, int(self.spec.config.handoff_bytes * self.shares[route]))
             for batch in bridge.batches(route, handoff):
-                if not adopted and not junk:  # no primed item in flight: only the ends need counting (at C speed)
+                if not (adopted or junk or primed):  # no primed item left: only the ends need counting (at C speed)
                     ends = list(map(type, batch)).count(ItemDone)
                     state["seen"] += ends
                     state["in_flight"] -= ends
