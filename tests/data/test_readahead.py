@@ -6,6 +6,7 @@ sample, and guesses that miss dropped without harm."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -151,6 +152,22 @@ def test_an_error_is_raised_by_the_batch_that_holds_the_sample_not_by_the_one_be
             ds.__getitems__(batches[1])
         assert "shard-000001.tar" in str(caught.value) or "shard-000001.tar" in (caught.value.url or "")
         assert [s["__key__"] for s in ds.__getitems__(batches[2])][:2] == ["s0_00080", "s0_00081"]
+
+
+def test_a_dropped_guess_that_fails_is_not_raised_by_the_batch_after_it(tmp_path: Path) -> None:
+    _write(tmp_path)
+    with StoreProcess(tmp_path, Knobs()) as store:
+        urls = [store.base_url + p.name for p in sorted(tmp_path.glob("shard-*.tar"))]
+        ds = wds.IndexedWebDataset(urls, index=wds.build_index(urls), readahead=1)
+        sampler = wds.BlockShuffleSampler(ds, shuffle=False)
+        other = tmp_path / "other"
+        other.mkdir()
+        _write(other, seed=9)
+        os.replace(other / "shard-000001.tar", tmp_path / "shard-000001.tar")
+        ds.__getitems__(_batches(list(sampler), PER_SHARD)[0])  # guesses batch 1: shard 1, which fails
+        time.sleep(0.3)  # its failure is in the channel by now
+        off = list(range(3 * PER_SHARD - 1, 2 * PER_SHARD - 1, -1))  # shard 2 backwards: off the order
+        assert [s["__key__"] for s in ds.__getitems__(off)] == [f"s0_{i:05d}" for i in off]
 
 
 @pytest.mark.parametrize("workers,persistent", [(1, False), (2, False), (2, True)])

@@ -302,16 +302,18 @@ class IndexedWebDataset(_MapBase[Any]):
                         guess = self._plan([self.locate(i) for i in upcoming], ahead=True)
                         proc.requests.submit(guess.items)
                         proc.pending[(key[0], start)] = guess
-                        speculative = True
+                        proc.guessed = True
         try:
             return self._finish(planned, proc.requests.collect([item.id for item in planned.items]))
         except Exception:
-            if not speculative:
+            if not (speculative or proc.guessed):
                 raise
-        # Something in flight failed, and reads guessed ahead were among it: the engine stopped them all. Read this
-        # batch again on its own, so that an error is raised by the batch that holds its sample, and only by it.
+        # Something in flight failed, and reads guessed ahead (kept or dropped, still read until the engine stops)
+        # may have been among it: the engine stopped them all. Read this batch again on its own, so that an error is
+        # raised by the batch that holds its sample, and only by it.
         with proc.ahead_lock:
             proc.drop_ahead()
+            proc.guessed = False
         return self._fetch(located)
 
     def _plan(self, located: Iterable[tuple[int, int]], ahead: bool = False) -> Planned:

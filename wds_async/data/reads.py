@@ -42,6 +42,8 @@ class ProcessReads:
         #: Batches read ahead, by (epoch, position) in the followed order; guarded by ahead_lock, as is ahead.
         self.pending: dict[tuple[int, int], Planned] = {}
         self.ahead_lock = threading.Lock()
+        #: Guesses were submitted to this engine since it last failed: an error may be theirs, not the batch's.
+        self.guessed = False
 
     def drop_ahead(self, keep_after: tuple[int, int] | None = None) -> None:
         """Forget the batches read ahead, but those of the same epoch after the position ``keep_after`` names."""
