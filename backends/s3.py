@@ -24,8 +24,9 @@ in a thread of their own (the credential chain's first resolution; no model load
 when something needs it (listing, a bucket in another region). Building it anyway, in a thread once the first
 request was on its way (as this backend first did), cost the first second of a short epoch 0.1-0.3 s of CPU under
 the GIL: 16 shards of 16 MB over https read at 0.83-0.84x ``s5cmd cp`` with that build and 0.93-0.99x without it.
-Otherwise the client's build starts in the backend's constructor and the first request awaits it. One boto3 Session per profile and AWS environment is shared by the
-process (a second client from a warm session costs about 20 ms instead of the first's 0.1-0.3 s), and clients
+Otherwise the client's build starts in the backend's constructor and the first request awaits it. One boto3
+Session per profile and AWS environment is shared by the process (a second client from a warm session costs about
+20 ms instead of the first's 0.1-0.3 s), and clients
 are shared by every backend with the same settings, so each new epoch (a new backend) finds its client ready. A
 fork waits for a build in progress (``os.register_at_fork``): a DataLoader worker inherits a warm session, never
 a half-built one, and builds its own clients (they are per process).
