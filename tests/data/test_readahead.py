@@ -37,12 +37,12 @@ def test_a_batch_is_placed_in_the_order_and_a_worker_s_next_batches_are_named() 
     order = list(sampler)
     ahead = Ahead(sampler, workers=2, depth=2)
     batches = _batches(order, 8)
-    assert ahead.place(batches[3]) == 24  # found by a scan
-    assert ahead.upcoming(24, 8) == [(40, batches[5]), (56, batches[7])]  # this worker's: every second batch
-    assert ahead.place(batches[5]) == 40  # where it was expected
-    assert ahead.upcoming(88, 8) == []  # past the end: nothing to guess
+    assert ahead.place(batches[3]) == (0, 24)
+    assert ahead.upcoming((0, 24), 8) == [((0, 40), batches[5]), ((0, 56), batches[7])]  # this worker's: every second batch
+    assert ahead.place(batches[5]) == (0, 40)
+    assert ahead.upcoming((0, 88), 8) == []  # past the end: nothing to guess
     assert ahead.place([order[0], order[2]]) is None  # not a run of the order: no guess
-    assert ahead.place(batches[12]) == 96  # the short last batch
+    assert ahead.place(batches[12]) == (0, 96)  # the short last batch
 
 
 def test_a_persistent_worker_finds_the_next_epochs_order() -> None:
@@ -52,8 +52,8 @@ def test_a_persistent_worker_finds_the_next_epochs_order() -> None:
     moved.set_epoch(1)  # the main process moved on
     batch = _batches(list(moved), 10)[2]
     assert list(wds.BlockShuffleSampler(60, block_size=4, seed=1))[20:30] != batch
-    assert ahead.place(batch) == 20
-    assert ahead.upcoming(20, 10) == [(30, list(moved)[30:40])]
+    assert ahead.place(batch) == (1, 20)
+    assert ahead.upcoming((1, 20), 10) == [((1, 30), list(moved)[30:40])]
 
 
 def test_a_persistent_worker_moves_on_epoch_by_epoch_holding_two_orders_at_most() -> None:
@@ -62,7 +62,7 @@ def test_a_persistent_worker_moves_on_epoch_by_epoch_holding_two_orders_at_most(
     for epoch in range(4):
         moved = wds.BlockShuffleSampler(50, block_size=1, seed=4)
         moved.set_epoch(epoch)
-        assert ahead.place(list(moved)[10:20]) == 10 and ahead.epoch == epoch
+        assert ahead.place(list(moved)[10:20]) == (epoch, 10)
         assert ahead.place([49, 48, 47]) is None or ahead.epoch == epoch  # a miss looks in this epoch and the next
         assert len(ahead._orders) <= 2
 
@@ -72,7 +72,7 @@ def test_ranks_follow_their_own_share() -> None:
     for sampler in shares:
         mine = list(sampler)
         ahead = Ahead(sampler, workers=1, depth=1)
-        assert ahead.place(mine[10:20]) == 10 and ahead.upcoming(10, 10) == [(20, mine[20:30])]
+        assert ahead.place(mine[10:20]) == (0, 10) and ahead.upcoming((0, 10), 10) == [((0, 20), mine[20:30])]
 
 
 def test_getitems_reads_the_next_batches_ahead_and_returns_the_same_samples(served: Any) -> None:

@@ -319,9 +319,8 @@ class ChunkedSampler:
 
 def _follow(dataset: Any, sampler: Any) -> None:
     """Our datasets read ahead along the sampler's order (IndexedWebDataset.follow); wids' own ignore it."""
-    follow = getattr(dataset, "follow", None)
-    if callable(follow) and isinstance(dataset, ShardListDataset):
-        follow(sampler)
+    if isinstance(dataset, ShardListDataset):
+        dataset.follow(sampler)
 
 
 def _ranges(ranges: list[tuple[int, int]], rng: random.Random, within: bool, order: bool) -> Iterator[int]:

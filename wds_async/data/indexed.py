@@ -233,7 +233,10 @@ class IndexedWebDataset(_MapBase[Any]):
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """The samples at ``indices`` (in that order), read concurrently: what DataLoader calls for a batch."""
         located = [self.locate(i) for i in indices]
-        samples = self._read(indices, located)
+        return self._deliver(located, self._read(indices, located))
+
+    def _deliver(self, located: list[tuple[int, int]], samples: dict[tuple[int, int], Sample]) -> list[Any]:
+        """The samples at ``located``, in that order, through the per-sample stages."""
         out = []
         given: set[tuple[int, int]] = set()
         for at in located:
@@ -259,8 +262,7 @@ class IndexedWebDataset(_MapBase[Any]):
         step = 256
         for lo in range(0, self._len, step):  # index order: not the followed sampler's, so nothing to read ahead
             located = [self.locate(i) for i in range(lo, min(lo + step, self._len))]
-            samples = self._fetch(located)
-            yield from (self._apply(samples[at]) for at in located)
+            yield from self._deliver(located, self._fetch(located))
 
     # -- reading ---------------------------------------------------------------------------------
     def _process(self) -> ProcessReads:
@@ -288,25 +290,23 @@ class IndexedWebDataset(_MapBase[Any]):
             if ahead is None or ahead.sampler is not self._order:
                 proc.drop_ahead()
                 ahead = proc.ahead = Ahead(self._order, workers=worker_info()[1], depth=self.readahead)
-            at = ahead.place(indices)
-            key = None if at is None or ahead.epoch is None else (ahead.epoch, at)
+            key = ahead.place(indices)
             planned = proc.pending.pop(key, None) if key is not None else None
             proc.drop_ahead(keep_after=key)  # guesses before this batch (or off the order) will not be asked for
             if planned is None:
                 planned = self._plan(located)
                 proc.requests.submit(planned.items)
-            speculative = planned.ahead
             if key is not None:
-                for start, upcoming in ahead.upcoming(key[1], len(indices)):
-                    if (key[0], start) not in proc.pending:
-                        guess = self._plan([self.locate(i) for i in upcoming], ahead=True)
+                for upcoming_key, upcoming in ahead.upcoming(key, len(indices)):
+                    if upcoming_key not in proc.pending:
+                        guess = self._plan([self.locate(i) for i in upcoming])
                         proc.requests.submit(guess.items)
-                        proc.pending[(key[0], start)] = guess
+                        proc.pending[upcoming_key] = guess
                         proc.guessed = True
         try:
             return self._finish(planned, proc.requests.collect([item.id for item in planned.items]))
         except Exception:
-            if not (speculative or proc.guessed):
+            if not proc.guessed:  # a batch taken from proc.pending was a guess too, so guessed is set then
                 raise
         # Something in flight failed, and reads guessed ahead (kept or dropped, still read until the engine stops)
         # may have been among it: the engine stopped them all. Read this batch again on its own, so that an error is
@@ -316,7 +316,7 @@ class IndexedWebDataset(_MapBase[Any]):
             proc.guessed = False
         return self._fetch(located)
 
-    def _plan(self, located: Iterable[tuple[int, int]], ahead: bool = False) -> Planned:
+    def _plan(self, located: Iterable[tuple[int, int]]) -> Planned:
         """The work items that read ``located`` (coalesced runs, or whole shards to learn or cache)."""
         proc = self._process()
         by_shard: dict[int, set[int]] = {}
@@ -342,7 +342,7 @@ class IndexedWebDataset(_MapBase[Any]):
                                           end=entry.ends[run[-1]], compressed=entry.compressed,
                                           expect=entry.identity()))
                     wanted[item_id] = (shard, {entry.offsets[j]: j for j in run})
-        return Planned(items, wanted, by_shard, ahead)
+        return Planned(items, wanted, by_shard)
 
     def _finish(self, planned: Planned, found: dict[int, list[Sample]]) -> dict[tuple[int, int], Sample]:
         """The samples ``planned`` asked for, out of what its items delivered (``found``), each checked."""

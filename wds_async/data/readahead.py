@@ -62,8 +62,9 @@ class Ahead:
             found = self._orders[epoch] = (sequence, where)
         return found
 
-    def place(self, indices: Sequence[int]) -> int | None:
-        """The position of ``indices`` (a batch, in order) in the sequence, or None where it is not there."""
+    def place(self, indices: Sequence[int]) -> tuple[int, int] | None:
+        """``(epoch, position)`` of ``indices`` (a batch, in order) in that epoch's sequence, or None where it is
+        not there."""
         if not indices:
             return None
         wanted = np.asarray(indices, dtype=np.int64)
@@ -78,20 +79,19 @@ class Ahead:
                 if epoch != self.epoch:  # moved on: the epoch before is not looked in again
                     self._orders = {e: o for e, o in self._orders.items() if e >= epoch}
                 self.epoch = epoch
-                return at
+                return epoch, at
         return None
 
-    def upcoming(self, at: int, size: int) -> list[tuple[int, list[int]]]:
-        """The next ``depth`` batches this process should get after the one of ``size`` at ``at`` (in the epoch of
-        the last :meth:`place`): ``(position, indices)`` each, within the sequence."""
-        if self.epoch is None:
-            return []
-        sequence = self._orders[self.epoch][0] if self.epoch in self._orders else self._order(self.epoch)[0]
+    def upcoming(self, key: tuple[int, int], size: int) -> list[tuple[tuple[int, int], list[int]]]:
+        """The next ``depth`` batches this process should get after the one of ``size`` at ``key`` (as
+        :meth:`place` gives it): ``((epoch, position), indices)`` each, within the sequence."""
+        epoch, at = key
+        sequence = self._order(epoch)[0]
         out = []
         step = self.workers * size
         for k in range(1, self.depth + 1):
             start = at + k * step
             if start >= len(sequence):
                 break
-            out.append((start, sequence[start:start + size].tolist()))
+            out.append(((epoch, start), sequence[start:start + size].tolist()))
         return out

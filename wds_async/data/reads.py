@@ -20,12 +20,11 @@ __all__ = ["Planned", "ProcessReads"]
 @dataclasses.dataclass
 class Planned:
     """The reads of one batch: its work items, per item id its shard and ``{offset: sample}`` (None: a shard read
-    whole to learn its layout), the samples asked for by shard, and whether it was read ahead on a guess."""
+    whole to learn its layout), and the samples asked for by shard."""
 
     items: list[WorkItem]
     wanted: dict[int, tuple[int, dict[int, int] | None]]
     by_shard: dict[int, set[int]]
-    ahead: bool = False
 
 
 class ProcessReads:

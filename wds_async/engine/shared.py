@@ -167,35 +167,31 @@ class SharedEngine:
             # the route's share of the hand-off size (at least 1 MiB) keep all of them near one hand-off.
             handoff = max(1 << 20, int(self.spec.config.handoff_bytes * self.shares[route]))
             for batch in bridge.batches(route, handoff):
+                out: list[Any]
                 if not (adopted or junk or primed):  # no primed item left: only the ends need counting (at C speed)
                     ends = list(map(type, batch)).count(ItemDone)
                     state["seen"] += ends
                     state["in_flight"] -= ends
-                    top_up()  # the window grows with the concurrency: new tokens find this route's items waiting
-                    if batch:
-                        yield batch
-                    if state["exhausted"] and not state["in_flight"]:
-                        complete = True  # the route is empty and clean: a repeat of the source may use it again
-                        return
-                    continue
-                out: list[Any] = []
-                for got in batch:
-                    kind = type(got)
-                    if kind is Sample:
-                        if got.item < 0:
-                            if got.item in junk:
-                                continue
-                            got.item = adopted[got.item]
-                    elif kind is ItemDone:
-                        state["seen"] += 1
-                        if got.id < 0:
-                            if got.id in junk:
-                                junk.discard(got.id)
-                                continue
-                            got = ItemDone(adopted.pop(got.id))
-                        state["in_flight"] -= 1
-                        top_up()
-                    out.append(got)
+                    out = batch
+                else:
+                    out = []
+                    for got in batch:
+                        kind = type(got)
+                        if kind is Sample:
+                            if got.item < 0:
+                                if got.item in junk:
+                                    continue
+                                got.item = adopted[got.item]
+                        elif kind is ItemDone:
+                            state["seen"] += 1
+                            if got.id < 0:
+                                if got.id in junk:
+                                    junk.discard(got.id)
+                                    continue
+                                got = ItemDone(adopted.pop(got.id))
+                            state["in_flight"] -= 1
+                            top_up()
+                        out.append(got)
                 top_up()  # the window grows with the concurrency: new tokens find this route's items waiting
                 if out:
                     yield out
