@@ -10,6 +10,10 @@ Each run is a fresh subprocess reading the same shards through ``DataLoader(batc
 * ``ahead``: the same with ``BlockShuffleSampler(ds, block_size=1)``, a uniform shuffle the dataset follows: each
   worker keeps its next batches in flight (``readahead``, default 2) while the DataLoader uses the current one;
 * ``block``: ``BlockShuffleSampler(block_size=16)`` (read ahead too);
+* ``raw``: the floor any client pays for this access pattern: a map-style dataset whose ``__getitems__`` sends the
+  batch's ranged GETs itself, one per sample, all at once, through one aiohttp session per DataLoader worker on a
+  long-lived event loop (uvloop where installed), and returns the bytes (no tar parsing, no checks), in the same
+  order as ``indexed``;
 * ``wids``: wids' ``ShardListDataset`` (the ``wids`` package that webdataset 1.0.2 points to) in the same random
   order as ``indexed``, over the same http store (it downloads whole shards into its cache with curl);
 * ``cached``: ``IndexedWebDataset(..., cache_dir=...)``, two epochs in random order: the store bytes each epoch
@@ -33,12 +37,47 @@ from pathlib import Path
 from emustore import Knobs, StoreProcess
 
 CHILD = r"""
-import json, os, resource, sys, time
+import asyncio, json, os, resource, sys, time
 import torch
 from torch.utils.data import DataLoader, RandomSampler
 import wds_async as wds
 
 mode, urls, index, extra = json.loads(sys.argv[1])
+
+
+class RawRanges(torch.utils.data.Dataset):
+    # one ranged GET per sample through plain aiohttp, a batch at a time, all of it in flight at once
+
+    def __init__(self, ranges):
+        self.ranges = ranges  # (url, start, end) per sample, in index order
+        self.loop = self.session = None
+
+    def __len__(self):
+        return len(self.ranges)
+
+    async def _get(self, url, start, end):
+        async with self.session.get(url, headers={"Range": f"bytes={start}-{end - 1}"}) as answer:
+            answer.raise_for_status()
+            return await answer.read()
+
+    async def _batch(self, indices):
+        if self.session is None:
+            import aiohttp
+            self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        return await asyncio.gather(*(self._get(*self.ranges[i]) for i in indices))
+
+    def __getitems__(self, indices):
+        if self.loop is None:  # one loop per DataLoader worker, kept across batches as the loader keeps its engine
+            try:
+                import uvloop
+                self.loop = uvloop.new_event_loop()
+            except ImportError:
+                self.loop = asyncio.new_event_loop()
+        return self.loop.run_until_complete(self._batch(indices))
+
+    def __getitem__(self, i):
+        return self.__getitems__([i])[0]
+
 
 def count(batch):
     return len(batch)
@@ -71,6 +110,10 @@ elif mode in ("indexed", "block", "ahead"):
     else:  # the sampler registers with the dataset, whose workers then read ahead along its order
         sampler = wds.BlockShuffleSampler(ds, block_size=16 if mode == "block" else 1, seed=1)
     result = run(ds, sampler)
+elif mode == "raw":
+    table = wds.ShardIndex.load(index)
+    ds = RawRanges([(e.url, a, b) for e in table.shards for a, b in zip(e.offsets, e.ends)])
+    result = run(ds, order(len(ds)))
 elif mode == "cached":
     ds = wds.IndexedWebDataset(urls, index=index, cache_dir=extra)
     result = run(ds, order(len(ds)), epochs=1)
@@ -144,8 +187,8 @@ def main() -> None:
     parser.add_argument("--bw", type=float, default=20e6)
     parser.add_argument("--wids", type=int, default=1, help="run wids (1) or not (0)")
     parser.add_argument("--wids-lru", type=int, default=10, help="wids' lru_size (its default: 10)")
-    parser.add_argument("--modes", default="stream,indexed,ahead,block",
-                        help="which of stream, indexed, ahead, block to run")
+    parser.add_argument("--modes", default="stream,indexed,ahead,block,raw",
+                        help="which of stream, indexed, ahead, block, raw to run")
     parser.add_argument("--cached", type=int, default=1, help="run the two cached epochs (1) or not (0)")
     parser.add_argument("--dir", default=None, help="where the shards live (default: a temporary folder)")
     args = parser.parse_args()
@@ -182,8 +225,10 @@ def main() -> None:
             def rate(mode: str) -> float:
                 return results[mode]["samples"] / results[mode]["wall_s"]
 
-            ratios = [f"{mode}/stream {rate(mode) / rate('stream'):.2f}x" for mode in ("indexed", "ahead", "block")
+            ratios = [f"{mode}/stream {rate(mode) / rate('stream'):.2f}x" for mode in ("indexed", "ahead", "block", "raw")
                       if mode in results and "stream" in results]
+            if "raw" in results and "indexed" in results:
+                ratios.append(f"indexed/raw {rate('indexed') / rate('raw'):.2f}x")
             for mode in ("indexed", "ahead"):
                 if "wids" in results and mode in results:
                     ratios.append(f"{mode}/wids {rate(mode) / rate('wids'):.1f}x")

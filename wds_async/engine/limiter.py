@@ -50,9 +50,18 @@ class Limiter:
         """Tasks waiting for a token: work that more concurrency would start now."""
         return sum(1 for fut in self._waiters if not fut.done())
 
+    def _queued(self) -> bool:
+        """Whether a task waits for a token. Constant time where :attr:`waiting` counts the queue: asked once per
+        request, the count cost tens of microseconds with a batch of 64 queued. The only done futures in the queue
+        are cancelled ones (a token is handed over as its future leaves the queue), so those at its head go."""
+        waiters = self._waiters
+        while waiters and waiters[0].done():
+            waiters.popleft()
+        return bool(waiters) and any(not fut.done() for fut in waiters)
+
     def try_acquire(self) -> bool:
         """Take a token if one is free and nobody is queued before us."""
-        if self.borrowed < self._total and not self.waiting:
+        if self.borrowed < self._total and not self._queued():
             self.borrowed += 1
             return True
         return False
@@ -74,7 +83,7 @@ class Limiter:
         """Wait for a token as :meth:`acquire` does, asking ``stop()`` every ``every`` seconds: True once a
         token was taken; False, without one, when ``stop()`` said True first. ``first``: queue at the front
         (work already started, which must not wait behind new work)."""
-        if self.borrowed < self._total and (first or not self.waiting):
+        if self.borrowed < self._total and (first or not self._queued()):
             self.borrowed += 1
             return True
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
