@@ -29,6 +29,8 @@ from typing import Any
 
 __all__ = ["BalancedDraws", "Chooser", "GlobalDraws", "IndependentDraws", "Turns", "check_weights", "draw"]
 
+_heapreplace = heapq.heapreplace
+
 
 class Chooser:
     """Picks the next source among those not run out (:meth:`drop` removes one); state for checkpoints.
@@ -134,12 +136,16 @@ class BalancedDraws(Chooser):
         heapq.heapify(self._heap)
 
     def pick(self) -> int:
-        if not self._heap:
+        # Once per item of the mix, so _due is inlined: the heap holds only positive weights. The same draws, in
+        # the same order, as (count + u) / weight.
+        heap = self._heap
+        if not heap:
             return self.active[0]
-        i = self._heap[0][1]
-        self.count[i] += 1
-        self.due[i] = due = self._due(i)
-        heapq.heapreplace(self._heap, (due, i))
+        i = heap[0][1]
+        count = self.count
+        count[i] = k = count[i] + 1
+        self.due[i] = due = (k + self.rng.random()) / self.weights[i]
+        _heapreplace(heap, (due, i))
         return i
 
     def drop(self, i: int) -> None:
@@ -189,10 +195,11 @@ def draw(iterators: list[Iterator[Any]], chooser: Chooser, longest: bool, ended:
     for i in ended:
         chooser.drop(i)
     pick = chooser.pick
+    takes = [it.__next__ for it in iterators]
     while chooser.active:
         i = pick()
         try:
-            item = next(iterators[i])
+            item = takes[i]()
         except StopIteration:
             ended.add(i)
             if not longest:

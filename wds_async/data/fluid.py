@@ -17,6 +17,7 @@ import copy
 import random
 import sys
 from collections.abc import Callable, Generator, Iterable, Iterator
+from types import GeneratorType
 from typing import TYPE_CHECKING, Any
 
 from ._torch import IterableDataset
@@ -153,7 +154,10 @@ class FluidPipeline(IterableDataset):  # type: ignore[type-arg]
             run = _Pass()
             self._current = (run, counters)
             before = counters[1]
-            with contextlib.closing(self._iterate_once(run, resume)) as items:
+            # Without stages the source is the stream: one generator frame less per item (a mix pays each layer
+            # once for itself and once for the source the item came from).
+            once = self._iterate_once(run, resume) if self._stages else _generator(self._source(run, resume))
+            with contextlib.closing(once) as items:
                 resume = None
                 for item in items:
                     counters[1] += 1
@@ -328,3 +332,19 @@ class FluidPipeline(IterableDataset):  # type: ignore[type-arg]
         from .stages.cached import LMDBCached
 
         return self.compose(LMDBCached(*args, **kw))
+
+
+def _generator(stream: Iterable[Any]) -> Generator[Any, None, None]:
+    """``stream`` itself when it is a generator (it closes), else a generator over it that closes it at the end."""
+    if isinstance(stream, GeneratorType):
+        return stream
+    return _closing_iter(stream)
+
+
+def _closing_iter(stream: Iterable[Any]) -> Generator[Any, None, None]:
+    try:
+        yield from stream
+    finally:
+        close = getattr(stream, "close", None)
+        if close is not None:
+            close()
