@@ -156,3 +156,46 @@ async def test_acquire_unless_first_goes_ahead_of_the_queue() -> None:
     limiter.release()
     await asyncio.gather(new, started)
     assert order == ["started", "new"]
+
+
+async def test_a_waiter_between_cancelled_ones_keeps_its_place_and_cancelled_ones_alone_hold_none() -> None:
+    limiter = Limiter(1)
+    await limiter.acquire()
+    head = asyncio.create_task(limiter.acquire())
+    await _settle()
+    live = asyncio.create_task(limiter.acquire())
+    await _settle()
+    tail = asyncio.create_task(limiter.acquire())
+    await _settle()
+    head.cancel()
+    tail.cancel()
+    await _settle()
+    assert limiter.waiting == 1
+    limiter.total = 2  # a free token goes to the live waiter between the cancelled ones, not to a newcomer
+    await _settle()
+    assert live.done() and not live.cancelled() and limiter.borrowed == 2
+    limiter.total = 3
+    await _settle()
+    assert limiter.borrowed == 2 and limiter.waiting == 0
+    assert limiter.try_acquire()  # only cancelled futures were left in the queue: they hold no place
+
+
+async def test_a_newcomer_does_not_jump_a_live_waiter_queued_behind_a_cancelled_one() -> None:
+    limiter = Limiter(1)
+    await limiter.acquire()
+    first = asyncio.create_task(limiter.acquire())
+    await _settle()
+    second = asyncio.create_task(limiter.acquire())
+    await _settle()
+    last = asyncio.create_task(limiter.acquire())
+    await _settle()
+    first.cancel()
+    last.cancel()
+    await _settle()
+    # Raise the total without handing on (as if the token came free between two looks): the queue still holds
+    # ``second``, so try_acquire must refuse.
+    limiter._total = 2
+    assert not limiter.try_acquire()
+    limiter._hand_on()
+    await _settle()
+    assert second.done() and limiter.borrowed == 2

@@ -82,3 +82,37 @@ def test_batched_and_collation() -> None:
     assert len(list(batched(iter(rows), 2, partial=False))) == 2
     assert default_collation_fn([{"a": 1}, {"a": 2}])["a"].tolist() == [1, 2]
     assert list(batched(iter(range(3)), 2, collation_fn=None)) == [[0, 1], [2]]
+
+
+class _Closable:
+    """An iterable source that is not a generator and says whether it was closed."""
+
+    def __init__(self, items: list[int]) -> None:
+        self.items, self.closed = items, False
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self.items)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_pipeline_without_stages_iterates_any_iterable_source_and_closes_it() -> None:
+    """A fluid pipeline with no stage iterates its source directly (no _iterate_once frame): a source that is a
+    plain iterable, not a generator, still works, repeats, and is closed when the consumer stops early."""
+    import wds_async as wds
+
+    sources: list[_Closable] = []
+
+    def source() -> _Closable:
+        sources.append(_Closable([1, 2, 3]))
+        return sources[-1]
+
+    assert list(wds.DataPipeline(source)) == [1, 2, 3] and sources[-1].closed
+    assert list(wds.DataPipeline(source).repeat(2)) == [1, 2, 3, 1, 2, 3] and all(s.closed for s in sources)
+    stream = iter(wds.DataPipeline(source))
+    assert next(stream) == 1 and not sources[-1].closed
+    stream.close()  # type: ignore[attr-defined]
+    assert sources[-1].closed
+    assert list(wds.DataPipeline(lambda: [4, 5])) == [4, 5]  # a list: iterable, nothing to close
+    assert list(wds.DataPipeline(source).map(lambda x: x * 10)) == [10, 20, 30]  # with a stage: _iterate_once
