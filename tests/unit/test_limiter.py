@@ -158,19 +158,24 @@ async def test_acquire_unless_first_goes_ahead_of_the_queue() -> None:
     assert order == ["started", "new"]
 
 
-async def test_a_waiter_between_cancelled_ones_keeps_its_place_and_cancelled_ones_alone_hold_none() -> None:
+async def _live_between_cancelled() -> tuple[Limiter, asyncio.Task[None]]:
+    """A limiter of one token, taken, whose queue is: a cancelled waiter, a live one, a cancelled one."""
     limiter = Limiter(1)
     await limiter.acquire()
-    head = asyncio.create_task(limiter.acquire())
-    await _settle()
-    live = asyncio.create_task(limiter.acquire())
-    await _settle()
-    tail = asyncio.create_task(limiter.acquire())
-    await _settle()
+    tasks = []
+    for _ in range(3):  # one at a time, so the queue holds them in this order
+        tasks.append(asyncio.create_task(limiter.acquire()))
+        await _settle()
+    head, live, tail = tasks
     head.cancel()
     tail.cancel()
     await _settle()
     assert limiter.waiting == 1
+    return limiter, live
+
+
+async def test_a_waiter_between_cancelled_ones_keeps_its_place_and_cancelled_ones_alone_hold_none() -> None:
+    limiter, live = await _live_between_cancelled()
     limiter.total = 2  # a free token goes to the live waiter between the cancelled ones, not to a newcomer
     await _settle()
     assert live.done() and not live.cancelled() and limiter.borrowed == 2
@@ -181,21 +186,11 @@ async def test_a_waiter_between_cancelled_ones_keeps_its_place_and_cancelled_one
 
 
 async def test_a_newcomer_does_not_jump_a_live_waiter_queued_behind_a_cancelled_one() -> None:
-    limiter = Limiter(1)
-    await limiter.acquire()
-    first = asyncio.create_task(limiter.acquire())
-    await _settle()
-    second = asyncio.create_task(limiter.acquire())
-    await _settle()
-    last = asyncio.create_task(limiter.acquire())
-    await _settle()
-    first.cancel()
-    last.cancel()
-    await _settle()
-    # Raise the total without handing on (as if the token came free between two looks): the queue still holds
-    # ``second``, so try_acquire must refuse.
+    limiter, live = await _live_between_cancelled()
+    # A token comes free without being handed on yet (between two looks of the loop): the queue still holds
+    # the live waiter, so try_acquire must refuse.
     limiter._total = 2
     assert not limiter.try_acquire()
     limiter._hand_on()
     await _settle()
-    assert second.done() and limiter.borrowed == 2
+    assert live.done() and limiter.borrowed == 2
