@@ -352,21 +352,33 @@ class Engine:
         if compressed is None and item.start > 0:
             compressed = await self._is_gzip(backend, item)
         ranged = not compressed
+        part_bytes = self.config.part_bytes
+        if not part_bytes or (ranged and item.end is not None and item.end - item.start <= part_bytes):
+            # Never split into parts (a random-access read is one such range per sample): no helper tasks, so no
+            # TaskGroup to own them.
+            await self._read_parts(item, token, opened, progress, ranged, None)
+            return
         failure: BaseException | None = None
         async with TaskGroup() as group:
-            lanes = Lanes(self.limiter, self.channel, token, self.config.part_bytes, group)
-            reader = PartedRead(backend, item.url, start=item.start if ranged else 0,
-                                end=item.end if ranged else None, expect=item.expect,
-                                context=replace(self._reads, requeue=functools.partial(self._tokens.requeue, token)),
-                                lanes=lanes)
             try:
-                await self._parse_item(item, token, reader, ranged, opened, progress)
+                await self._read_parts(item, token, opened, progress, ranged, group)
             except BaseException as exc:  # re-raised below, outside the group
                 failure = exc
-            finally:
-                reader.close()
         if failure is not None:
             raise failure
+
+    async def _read_parts(self, item: WorkItem, token: object, opened: OpenedItem, progress: _Progress, ranged: bool,
+                          group: TaskGroup | None) -> None:
+        """Read the item through a :class:`PartedRead` whose helpers (if it splits) run in ``group``."""
+        lanes = Lanes(self.limiter, self.channel, token, self.config.part_bytes, group)
+        reader = PartedRead(opened.backend, item.url, start=item.start if ranged else 0,
+                            end=item.end if ranged else None, expect=item.expect,
+                            context=replace(self._reads, requeue=functools.partial(self._tokens.requeue, token)),
+                            lanes=lanes)
+        try:
+            await self._parse_item(item, token, reader, ranged, opened, progress)
+        finally:
+            reader.close()
 
     async def _parse_item(self, item: WorkItem, token: object, reader: PartedRead, ranged: bool,
                           opened: OpenedItem, progress: _Progress) -> None:

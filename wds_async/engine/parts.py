@@ -72,7 +72,8 @@ class _Part:
 class Lanes:
     """What the parts of one item share with the engine reading it: the limiter whose tokens helpers take, the
     channel whose consumer they feed, the reader's owner token (its place in the channel and the budget), the
-    part size, and the item's TaskGroup that owns the helpers."""
+    part size, and the item's TaskGroup that owns the helpers (None for a read that is never split: a known range
+    of at most ``part_bytes``, or ``part_bytes`` 0)."""
 
     limiter: Limiter
     channel: SampleChannel
@@ -155,6 +156,8 @@ class PartedRead:
         limit = min(len(self._parts), self._current + 1 + self.window)
         while self._launched < limit:
             part = self._parts[self._launched]
+            if self.group is None:
+                raise RuntimeError("a PartedRead that splits into parts needs a TaskGroup in its Lanes")
             part.task = self.group.create_task(self._fetch(part))
             self._launched += 1
 
