@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from wds_async.errors import MissingDependency, UrlError
 from wds_async.io.backend import Backend
+from wds_async.urls import redact_url, scheme_of
 
 if TYPE_CHECKING:
     from wds_async.config import EngineConfig
@@ -65,9 +66,8 @@ def backend_key(url: str) -> str:
     """The registry key serving ``url``: its scheme, except that Azure Blob https URLs go to Azure.
 
     Called several times per URL while a dataset is built (checks, options, listing, imports), so it reads
-    the host by slicing, not ``urlsplit``: only whether it ends with an Azure suffix matters here."""
-    from wds_async.urls import scheme_of
-
+    the host by slicing, not ``urlsplit``: only whether it ends with an Azure suffix matters here (and once per
+    request, through :meth:`BackendSet.for_url`, so its import sits at the top)."""
     scheme = scheme_of(url)
     if scheme == "https" and "https" not in _CUSTOM:
         netloc = url[len("https://"):].partition("/")[0].partition("?")[0].partition("#")[0]
@@ -123,7 +123,6 @@ def validate_url(url: str, *, allow_pipe: bool = True) -> None:
     the stores, a command for ``pipe:`` and pipes allowed, a local path for ``file:``). Raises :class:`UrlError`
     naming the (redacted) URL and the fix. Custom schemes are their backend's to check."""
     from wds_async.io.urlcheck import check_url
-    from wds_async.urls import redact_url
 
     key = backend_key(url)
     if not _known(key):
@@ -214,8 +213,6 @@ def scheme_options(options: Mapping[str, Any] | None, urls: Iterable[str],
     """``backend_options`` in the per-scheme form, every option checked against the constructor of the
     backend that receives it (at construction, before any request). The flat form is accepted when all
     ``urls`` use one backend; schemes served by an instance in ``overrides`` are not checked."""
-    from wds_async.urls import redact_url
-
     nested, flat = _split(options)
     used: dict[str, str] = {}
     for url in urls:
@@ -263,8 +260,6 @@ class BackendSet:
         scheme = backend_key(url)
         backend = self._instances.get(scheme)
         if backend is None:
-            from wds_async.urls import redact_url
-
             factory = backend_class(scheme, redact_url(url))
             options = _lookup(self._nested, scheme)
             if options is None:
