@@ -49,17 +49,14 @@ from ..cache.disk import make_cache
 from ..config import EngineConfig, RetryPolicy
 from ..engine.grouping import Sample
 from ..engine.spec import StreamSpec
-from ..engine.work import WorkItem
-from ..errors import ShardFormatError
 from ..index.format import ShardEntry, ShardIndex
 from ..io import scheme_options, validate_url
 from ..node import share_config
 from ..urls import expand_urls, redact_url, scheme_of
 from . import handlers as _handlers
 from ._torch import HAVE_TORCH
-from .dataset import _path_setter
 from .readahead import Ahead
-from .reads import Planned, ProcessReads
+from .reads import ProcessReads, ShardLayout
 from .stages import factories as _f
 from .stages.base import Stage
 from .topology import worker_info
@@ -201,7 +198,8 @@ class IndexedWebDataset(_MapBase[Any]):
             total += count
         self._len = total
         self._stages: list[Stage] = []
-        self._local = any(scheme_of(u) == "file" for u in self.urls)
+        self.layout = ShardLayout(self.urls, self.entries, self.counts, coalesce_bytes, self.cache,
+                                  local=any(scheme_of(u) == "file" for u in self.urls))
         self._proc: ProcessReads | None = None
 
     # -- the sequence ----------------------------------------------------------------------------
@@ -277,8 +275,9 @@ class IndexedWebDataset(_MapBase[Any]):
         return StreamSpec(config, backends=self._backends, backend_options=self._backend_options, cache=self.cache)
 
     def _fetch(self, located: Iterable[tuple[int, int]]) -> dict[tuple[int, int], Sample]:
-        planned = self._plan(located)
-        return self._finish(planned, self._process().requests.fetch(planned.items))
+        proc = self._process()
+        planned = self.layout.plan(proc, located)
+        return self.layout.finish(proc, planned, proc.requests.fetch(planned.items))
 
     def _read(self, indices: Sequence[int], located: list[tuple[int, int]]) -> dict[tuple[int, int], Sample]:
         """The batch ``indices``, with the next batches of this process started first where the order is known."""
@@ -294,17 +293,17 @@ class IndexedWebDataset(_MapBase[Any]):
             planned = proc.pending.pop(key, None) if key is not None else None
             proc.drop_ahead(keep_after=key)  # guesses before this batch (or off the order) will not be asked for
             if planned is None:
-                planned = self._plan(located)
+                planned = self.layout.plan(proc, located)
                 proc.requests.submit(planned.items)
             if key is not None:
                 for upcoming_key, upcoming in ahead.upcoming(key, len(indices)):
                     if upcoming_key not in proc.pending:
-                        guess = self._plan([self.locate(i) for i in upcoming])
+                        guess = self.layout.plan(proc, [self.locate(i) for i in upcoming])
                         proc.requests.submit(guess.items)
                         proc.pending[upcoming_key] = guess
                         proc.guessed = True
         try:
-            return self._finish(planned, proc.requests.collect([item.id for item in planned.items]))
+            return self.layout.finish(proc, planned, proc.requests.collect([item.id for item in planned.items]))
         except Exception:
             if not proc.guessed:  # a batch taken from proc.pending was a guess too, so guessed is set then
                 raise
@@ -315,97 +314,6 @@ class IndexedWebDataset(_MapBase[Any]):
             proc.drop_ahead()
             proc.guessed = False
         return self._fetch(located)
-
-    def _plan(self, located: Iterable[tuple[int, int]]) -> Planned:
-        """The work items that read ``located`` (coalesced runs, or whole shards to learn or cache)."""
-        proc = self._process()
-        by_shard: dict[int, set[int]] = {}
-        for shard, sample in located:
-            by_shard.setdefault(shard, set()).add(sample)
-        items: list[WorkItem] = []
-        # item id -> (shard, {offset: sample}); None for a shard read whole to learn its layout
-        wanted: dict[int, tuple[int, dict[int, int] | None]] = {}
-        with proc.lock:
-            for shard, samples in by_shard.items():
-                entry = self.entries[shard]
-                if entry is None or (self.cache is not None and not proc.has_copy(self.cache, shard,
-                                                                                   self.urls[shard])):
-                    item_id = proc.next_id()
-                    items.append(WorkItem(id=item_id, shard=shard, url=self.urls[shard], compressed=None if entry
-                                          is None else entry.compressed,
-                                          expect=None if entry is None else entry.identity()))
-                    wanted[item_id] = (shard, None if entry is None else {entry.offsets[j]: j for j in samples})
-                    continue
-                for run in self._runs(entry, sorted(samples)):
-                    item_id = proc.next_id()
-                    items.append(WorkItem(id=item_id, shard=shard, url=self.urls[shard], start=entry.offsets[run[0]],
-                                          end=entry.ends[run[-1]], compressed=entry.compressed,
-                                          expect=entry.identity()))
-                    wanted[item_id] = (shard, {entry.offsets[j]: j for j in run})
-        return Planned(items, wanted, by_shard)
-
-    def _finish(self, planned: Planned, found: dict[int, list[Sample]]) -> dict[tuple[int, int], Sample]:
-        """The samples ``planned`` asked for, out of what its items delivered (``found``), each checked."""
-        items, wanted, by_shard = planned.items, planned.wanted, planned.by_shard
-        if self.cache is not None:
-            self._process().copied.update(item.shard for item in items if item.end is None)
-        set_path = _path_setter() if self._local else None
-        out: dict[tuple[int, int], Sample] = {}
-        for item_id, (shard, offsets) in wanted.items():
-            got_all = found[item_id]
-            if offsets is None:  # a shard read whole to learn where its samples lie
-                learned = self._learn(shard, got_all)
-                offsets = {learned.offsets[j]: j for j in by_shard[shard]}
-            entry = self.entries[shard]
-            assert entry is not None
-            for got in got_all:
-                j = offsets.get(got.offset)  # type: ignore[arg-type]
-                if j is None:
-                    continue  # another sample of a shard read whole
-                if got.get("__key__") != entry.keys[j]:
-                    raise ShardFormatError(
-                        f"{redact_url(self.urls[shard])}: the sample at byte {got.offset} has key "
-                        f"{got.get('__key__')!r} but the index says {entry.keys[j]!r}: the index does not "
-                        "describe this shard (rebuild it with wds-async index)", url=self.urls[shard],
-                        offset=got.offset)
-                if set_path is not None:
-                    set_path(got)
-                out[(shard, j)] = got
-            for offset, j in offsets.items():
-                if (shard, j) not in out:
-                    raise ShardFormatError(
-                        f"{redact_url(self.urls[shard])}: no sample starts at byte {offset} (index sample "
-                        f"{entry.keys[j]!r}): the index does not describe this shard (rebuild it with "
-                        "wds-async index)", url=self.urls[shard], offset=offset)
-        return out
-
-    def _learn(self, shard: int, samples: list[Sample]) -> ShardEntry:
-        """The layout of a shard read whole (no index): its samples' keys, offsets and ends, checked against the
-        count the dataset was given."""
-        url = self.urls[shard]
-        if len(samples) != self.counts[shard]:
-            raise ShardFormatError(f"{redact_url(url)} holds {len(samples)} samples but the shard list says "
-                                   f"{self.counts[shard]}: fix the list (or build an index with wds-async index)",
-                                   url=url)
-        entry = ShardEntry(url=redact_url(url), size=None, keys=tuple(s["__key__"] for s in samples),
-                           offsets=tuple(s.offset for s in samples),  # type: ignore[misc]
-                           ends=tuple(s.end for s in samples))  # type: ignore[misc]
-        self.entries[shard] = entry  # learned in this process (a DataLoader worker keeps its own)
-        return entry
-
-    def _runs(self, entry: ShardEntry, samples: list[int]) -> list[list[int]]:
-        """``samples`` (sorted) cut into runs of neighbours, each at most ``coalesce_bytes`` long."""
-        runs: list[list[int]] = []
-        offsets, ends, limit = entry.offsets, entry.ends, self.coalesce_bytes
-        for j in samples:
-            if runs:
-                run = runs[-1]
-                last = run[-1]
-                if j == last + 1 and ends[last] == offsets[j] and ends[j] - offsets[run[0]] <= limit:
-                    run.append(j)
-                    continue
-            runs.append([j])
-        return runs
 
     def stats(self) -> dict[str, Any]:
         """Counters of this process's engine (requests, bytes, retries, ...; see :class:`~wds_async.stats.Stats`)."""
