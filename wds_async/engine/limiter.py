@@ -51,9 +51,10 @@ class Limiter:
         return sum(1 for fut in self._waiters if not fut.done())
 
     def _queued(self) -> bool:
-        """Whether a task waits for a token. Constant time where :attr:`waiting` counts the queue: asked once per
-        request, the count cost tens of microseconds with a batch of 64 queued. The only done futures in the queue
-        are cancelled ones (a token is handed over as its future leaves the queue), so those at its head go."""
+        """Whether a task waits for a token: asked once per request, so it stops at the first live waiter where
+        :attr:`waiting` counts the whole queue (64 futures with a random-access batch queued). The only done futures
+        in the queue are cancelled ones (a token is handed over as its future leaves the queue), so those at its
+        head go."""
         waiters = self._waiters
         while waiters and waiters[0].done():
             waiters.popleft()

@@ -30,8 +30,9 @@ on the backend); neither is an http object whose server neither answered 206 nor
 ``Accept-Ranges: bytes``, since every part would then download the object from its start. A ``.tar.gz`` is split like any object: the parts are compressed bytes, inflated in
 order by the one parser.
 
-The owner runs :meth:`chunks` inside a TaskGroup it passes in, and must call :meth:`close` when it stops
-reading, which cancels the helpers and gives their buffered bytes back to the budget.
+The owner runs :meth:`chunks` inside a TaskGroup it passes in (none for a read that can never split: a known range
+of at most ``part_bytes``), and must call :meth:`close` when it stops reading, which cancels the helpers and gives
+their buffered bytes back to the budget.
 """
 
 from __future__ import annotations
