@@ -49,6 +49,7 @@ class RawRanges(torch.utils.data.Dataset):
     # one ranged GET per sample through plain aiohttp, a batch at a time, all of it in flight at once
 
     def __init__(self, ranges):
+        import aiohttp  # imported before the DataLoader forks its workers, as a module-level import would be
         self.ranges = ranges  # (url, start, end) per sample, in index order
         self.loop = self.session = None
 

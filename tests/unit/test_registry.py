@@ -29,22 +29,37 @@ from wds_async.io import (
 )
 
 
+@pytest.mark.parametrize("dataset", ["WebDataset({urls})", "IndexedWebDataset({urls}, nsamples=[1])"])
 @pytest.mark.parametrize(("module", "url", "extra"), [("boto3", "s3://bkt/x.tar", "s3"),
                                                       ("google.auth", "gs://bkt/x.tar", "gcs"),
                                                       ("azure.storage.blob", "az://ctr/x.tar", "azure")])
-def test_missing_sdk_names_the_extra_to_install(module: str, url: str, extra: str) -> None:
+def test_missing_sdk_names_the_extra_to_install(module: str, url: str, extra: str, dataset: str) -> None:
     code = (
         "import sys\n"
         f"sys.modules[{module!r}] = None  # as if the SDK were not installed\n"
         "import wds_async as wds\n"
         "try:\n"
-        f"    wds.WebDataset([{url!r}])  # construction, not iteration, finds it\n"
+        f"    wds.{dataset.format(urls=repr([url]))}  # construction, not iteration, finds it\n"
         "except wds.MissingDependency as exc:\n"
         "    print(exc)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert f"pip install 'wds-async[{extra}]'" in out.stdout, out.stdout + out.stderr
     assert url in out.stdout
+
+
+@pytest.mark.parametrize("dataset", ["WebDataset({urls})", "IndexedWebDataset({urls}, nsamples=[1])"])
+def test_a_dataset_imports_its_backends_at_construction_for_forked_workers_to_inherit(dataset: str) -> None:
+    """aiohttp costs about 0.2 CPU s to import: paid once in the parent, not again in every forked DataLoader worker
+    of every epoch, at its first batch."""
+    code = (
+        "import sys\n"
+        "import wds_async as wds\n"
+        f"wds.{dataset.format(urls=repr(['http://127.0.0.1:9/x.tar']))}\n"
+        "print('wds_async.backends.http' in sys.modules, 'aiohttp' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["True", "True"], out.stdout + out.stderr
 
 
 def test_unknown_scheme() -> None:
