@@ -98,8 +98,9 @@ class _Closable:
 
 
 def test_a_pipeline_without_stages_iterates_any_iterable_source_and_closes_it() -> None:
-    """A fluid pipeline with no stage iterates its source directly (no _iterate_once frame): a source that is a
-    plain iterable, not a generator, still works, repeats, and is closed when the consumer stops early."""
+    """A fluid pipeline with no stage iterates its source directly when it is a generator (no frame of its own); a
+    source that is a plain iterable, not a generator, still works, repeats, and is closed when the consumer stops
+    early."""
     import wds_async as wds
 
     sources: list[_Closable] = []
@@ -115,4 +116,4 @@ def test_a_pipeline_without_stages_iterates_any_iterable_source_and_closes_it() 
     stream.close()  # type: ignore[attr-defined]
     assert sources[-1].closed
     assert list(wds.DataPipeline(lambda: [4, 5])) == [4, 5]  # a list: iterable, nothing to close
-    assert list(wds.DataPipeline(source).map(lambda x: x * 10)) == [10, 20, 30]  # with a stage: _iterate_once
+    assert list(wds.DataPipeline(source).map(lambda x: x * 10)) == [10, 20, 30]  # with a stage: _staged

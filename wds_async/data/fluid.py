@@ -107,7 +107,15 @@ class FluidPipeline(IterableDataset):  # type: ignore[type-arg]
         raise ValueError(f"{type(self).__name__} cannot re-read items by position to restore a stage's buffer")
 
     def _iterate_once(self, run: _Pass, resume: dict[str, Any] | None) -> Generator[Any, None, None]:
+        """One pass: the source through the stages. A source that is a generator and meets no stage is the pass
+        itself: one generator frame less per item (a mix pays each layer once for itself and once for the source
+        the item came from)."""
         source = self._source(run, resume)
+        if not self._stages and isinstance(source, GeneratorType):
+            return source
+        return self._staged(run, resume, source)
+
+    def _staged(self, run: _Pass, resume: dict[str, Any] | None, source: Iterator[Any]) -> Generator[Any, None, None]:
         stream: Iterator[Any] = source
         stage_states = resume.get("stages") if resume and "elastic" not in resume else None
         for k, stage in enumerate(self._stages):
@@ -154,10 +162,7 @@ class FluidPipeline(IterableDataset):  # type: ignore[type-arg]
             run = _Pass()
             self._current = (run, counters)
             before = counters[1]
-            # Without stages the source is the stream: one generator frame less per item (a mix pays each layer
-            # once for itself and once for the source the item came from).
-            once = self._iterate_once(run, resume) if self._stages else _generator(self._source(run, resume))
-            with contextlib.closing(once) as items:
+            with contextlib.closing(self._iterate_once(run, resume)) as items:
                 resume = None
                 for item in items:
                     counters[1] += 1
@@ -332,19 +337,3 @@ class FluidPipeline(IterableDataset):  # type: ignore[type-arg]
         from .stages.cached import LMDBCached
 
         return self.compose(LMDBCached(*args, **kw))
-
-
-def _generator(stream: Iterable[Any]) -> Generator[Any, None, None]:
-    """``stream`` itself when it is a generator (it closes), else a generator over it that closes it at the end."""
-    if isinstance(stream, GeneratorType):
-        return stream
-    return _closing_iter(stream)
-
-
-def _closing_iter(stream: Iterable[Any]) -> Generator[Any, None, None]:
-    try:
-        yield from stream
-    finally:
-        close = getattr(stream, "close", None)
-        if close is not None:
-            close()
