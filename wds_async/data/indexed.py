@@ -155,7 +155,6 @@ class IndexedWebDataset(_MapBase[Any]):
         self.node_connections, self.node_buffered_bytes = node_connections, node_buffered_bytes
         if not isinstance(coalesce_bytes, int) or coalesce_bytes < 0:
             raise ValueError(f"coalesce_bytes must be a non-negative int, not {coalesce_bytes!r}")
-        self.coalesce_bytes = coalesce_bytes
         if not isinstance(readahead, int) or isinstance(readahead, bool) or readahead < 0:
             raise ValueError(f"readahead must be a non-negative int (batches), not {readahead!r}")
         self.readahead = readahead
@@ -203,6 +202,11 @@ class IndexedWebDataset(_MapBase[Any]):
         self.layout = ShardLayout(self.urls, self.entries, self.counts, coalesce_bytes, self.cache,
                                   local=any(scheme_of(u) == "file" for u in self.urls))
         self._proc: ProcessReads | None = None
+
+    @property
+    def coalesce_bytes(self) -> int:
+        """The longest range that adjacent samples of one shard are read as (kept by :attr:`layout`)."""
+        return self.layout.coalesce_bytes
 
     # -- the sequence ----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -284,7 +288,8 @@ class IndexedWebDataset(_MapBase[Any]):
     def _read(self, indices: Sequence[int], located: list[tuple[int, int]]) -> dict[tuple[int, int], Sample]:
         """The batch ``indices``, with the next batches of this process started first where the order is known."""
         proc = self._process()
-        if self._order is None or not self.readahead or self.cache is not None or None in self.entries:
+        if self._order is None or not self.readahead or self.cache is not None or (
+                self.index is None and None in self.entries):  # only a dataset without an index has shards to learn
             return self._fetch(located)  # no order to follow; whole-shard reads (cache, no index) are not guessed
         with proc.ahead_lock:  # the bookkeeping of one batch at a time (a DataLoader worker has one thread anyway)
             ahead = proc.ahead
