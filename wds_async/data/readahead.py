@@ -32,7 +32,6 @@ import numpy as np
 __all__ = ["Ahead"]
 
 
-
 class Ahead:
     """This process's place in ``sampler``'s order (see the module docstring).
 
