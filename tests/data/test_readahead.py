@@ -154,10 +154,28 @@ def test_an_error_is_raised_by_the_batch_that_holds_the_sample_not_by_the_one_be
         assert [s["__key__"] for s in ds.__getitems__(batches[2])][:2] == ["s0_00080", "s0_00081"]
 
 
+def _until_an_error_is_queued(ds: wds.IndexedWebDataset, timeout: float = 20.0) -> None:
+    """Wait until the engine of this process has put an error in its channel (a white-box look: no public
+    counter tells a failed read that is still queued)."""
+    bridge = ds._proc.requests._bridge if ds._proc is not None else None
+    assert bridge is not None and bridge.channel is not None
+    channel = bridge.channel
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with channel._lock:
+            queues = [channel._ready, *(slot.items for _, slot in channel._slots)]
+            if any(isinstance(item, BaseException) for queue in queues for item, _ in queue):
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"no error reached the channel within {timeout} s")
+
+
 def test_a_dropped_guess_that_fails_is_not_raised_by_the_batch_after_it(tmp_path: Path) -> None:
     _write(tmp_path)
     with StoreProcess(tmp_path, Knobs()) as store:
-        urls = [store.base_url + p.name for p in sorted(tmp_path.glob("shard-*.tar"))]
+        # Shard 1 answers 0.5 s late, so the guess that reads it fails after batch 0 has returned.
+        urls = [store.url(p.name, **({"ttfb": 0.5} if p.name == "shard-000001.tar" else {}))
+                for p in sorted(tmp_path.glob("shard-*.tar"))]
         ds = wds.IndexedWebDataset(urls, index=wds.build_index(urls), readahead=1)
         sampler = wds.BlockShuffleSampler(ds, shuffle=False)
         other = tmp_path / "other"
@@ -165,7 +183,7 @@ def test_a_dropped_guess_that_fails_is_not_raised_by_the_batch_after_it(tmp_path
         _write(other, seed=9)
         os.replace(other / "shard-000001.tar", tmp_path / "shard-000001.tar")
         ds.__getitems__(_batches(list(sampler), PER_SHARD)[0])  # guesses batch 1: shard 1, which fails
-        time.sleep(0.3)  # its failure is in the channel by now
+        _until_an_error_is_queued(ds)  # the guess's failure waits in the channel, ahead of the next batch's reads
         off = list(range(3 * PER_SHARD - 1, 2 * PER_SHARD - 1, -1))  # shard 2 backwards: off the order
         assert [s["__key__"] for s in ds.__getitems__(off)] == [f"s0_{i:05d}" for i in off]
 
