@@ -21,9 +21,10 @@ Two phases, each loader in a fresh subprocess (so that peaks of memory do not mi
 Reported per loader and phase (medians over ``--rounds``): samples/s, the consumer's wait as the child measures it
 (wall time inside ``next()``, first sample included) and as the engine counts it (``stats()["wait_s"]``: blocked
 on the engine), the ratio mix/single of the measured wait, the first sample, peak buffered bytes and peak anonymous
-resident memory above the post-import baseline (:mod:`benchmarks.peakmem`). Targets checked: the mix's wait within
-10% of the single dataset's (ratio <= 1.10), and peak memory within one budget + 64 MB. Each child's concurrency
-and the autotuner's reason are printed as it ends.
+resident memory above the post-import baseline (:mod:`benchmarks.peakmem`), and the consumer thread's own CPU
+inside ``next()`` per sample (``time.thread_time()``: what the mix's layers cost the consumer). Targets checked: the
+mix's wait within 10% of the single dataset's (ratio <= 1.10), and peak memory within one budget + 64 MB. Each
+child's concurrency and the autotuner's reason are printed as it ends.
 
 Diagnosis: ``--detail`` prints, for the last round, the mix's wait per source (the source of the sample that ended
 each wait), the longest waits, and both loaders' average streaming requests and buffered bytes (sampled every
@@ -77,12 +78,14 @@ count = [0] * len(groups)
 long_waits = []
 n = 0
 wait = 0.0
+cpu = 0.0  # of that wait, the consumer thread's own CPU (the rest: blocked on the engine, or waiting for the GIL)
 started = time.perf_counter()
 it = iter(data)
 while True:
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.thread_time()
     sample = next(it, None)
     dt = time.perf_counter() - t
+    cpu += time.thread_time() - c
     wait += dt
     if sample is None:
         break
@@ -101,7 +104,7 @@ done.set()
 above = mem.stop()
 mean = lambda xs: sum(xs) / len(xs) if xs else 0.0
 st = data.stats()
-print(json.dumps({"samples": n, "wall_s": wall, "samples_per_s": n / wall, "wait_s": wait, "first_s": first,
+print(json.dumps({"samples": n, "wall_s": wall, "samples_per_s": n / wall, "wait_s": wait, "first_s": first, "next_cpu_s": cpu, "next_cpu_us": cpu / n * 1e6,
                   "engine_wait_s": st["wait_s"], "engine_first_s": st["first_sample_s"],
                   "mb_s": st["bytes_read"] / wall / 1e6, "concurrency": st["concurrency"],
                   "reason": st["concurrency_reason"], "peak_buffered": st["peak_buffered_bytes"],
@@ -211,12 +214,12 @@ def main(argv: list[str] | None = None) -> int:
                     r = run_child(kind, groups, used, sleep, args.budget, args.longest, args.handoff)
                     runs[phase][kind].append(r)
                     print(f"  {phase:<4} {kind:<6} {r['samples']} samples in {r['wall_s']:.2f} s, waited "
-                          f"{r['wait_s']:.2f} s (engine {r['engine_wait_s']:.2f} s), first {r['first_s'] * 1000:.0f} "
+                          f"{r['wait_s']:.2f} s (engine {r['engine_wait_s']:.2f} s, consumer CPU {r['next_cpu_s']:.2f} s), first {r['first_s'] * 1000:.0f} "
                           f"ms, {r['concurrency']} connections ({r['reason'] or 'fixed'})", file=sys.stderr,
                           flush=True)
 
-    keys = ("samples_per_s", "mb_s", "wait_s", "engine_wait_s", "first_s", "peak_buffered", "peak_rss_above",
-            "wall_s")
+    keys = ("samples_per_s", "mb_s", "wait_s", "engine_wait_s", "next_cpu_s", "next_cpu_us", "first_s", "peak_buffered",
+            "peak_rss_above", "wall_s")
     med = {ph: {k: {key: statistics.median(r[key] for r in rs) for key in keys} for k, rs in by.items()}
            for ph, by in runs.items()}
     limit_mb = (args.budget + 64e6) / 1e6
@@ -239,6 +242,10 @@ def main(argv: list[str] | None = None) -> int:
         verdicts.append(f"{ph}: mix/single wait {ratio:.2f} ({'within' if ratio <= 1.10 else 'MISSES'} the 10% "
                         f"target; {med[ph]['mix']['wait_s'] - single_wait:+.2f} s)")
     print(f"memory target: peak above baseline <= budget + 64 MB = {limit_mb:.0f} MB")
+    for ph in phases:
+        m, s1 = med[ph]["mix"], med[ph]["single"]
+        print(f"{ph}: the consumer thread's own CPU inside next(): mix {m['next_cpu_us']:.1f} us per sample, single "
+              f"{s1['next_cpu_us']:.1f} us (the rest of the wait: blocked on the engine, or on the GIL)")
     for v in verdicts:
         print(v)
     if args.detail:

@@ -24,7 +24,7 @@ import itertools
 import math
 import numbers
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
 __all__ = ["BalancedDraws", "Chooser", "GlobalDraws", "IndependentDraws", "Turns", "check_weights", "draw"]
@@ -189,24 +189,30 @@ class Turns(Chooser):
         self.next = int(state["next"])
 
 
-def draw(iterators: list[Iterator[Any]], chooser: Chooser, longest: bool, ended: set[int]) -> Iterator[Any]:
+def draw(iterators: list[Iterator[Any]], chooser: Chooser, longest: bool, ended: set[int],
+         finish: Callable[[], None] | None = None) -> Generator[Any, None, None]:
     """Items of ``iterators`` in the order ``chooser`` picks them. A picked iterator that has run out is added
-    to ``ended`` and ends the stream, or with ``longest`` is dropped and the rest go on."""
-    for i in ended:
-        chooser.drop(i)
-    pick = chooser.pick
-    takes = [it.__next__ for it in iterators]
-    while chooser.active:
-        i = pick()
-        try:
-            item = takes[i]()
-        except StopIteration:
-            ended.add(i)
-            if not longest:
-                return
+    to ``ended`` and ends the stream, or with ``longest`` is dropped and the rest go on. ``finish()`` runs when
+    the generator ends for any reason: a mix's pass is this generator alone, one frame per item."""
+    try:
+        for i in ended:
             chooser.drop(i)
-            continue
-        yield item
+        pick = chooser.pick
+        takes = [it.__next__ for it in iterators]
+        while chooser.active:
+            i = pick()
+            try:
+                item = takes[i]()
+            except StopIteration:
+                ended.add(i)
+                if not longest:
+                    return
+                chooser.drop(i)
+                continue
+            yield item
+    finally:
+        if finish is not None:
+            finish()
 
 
 def check_weights(name: str, weights: Sequence[float] | None, count: int) -> list[float]:

@@ -240,11 +240,11 @@ class _Mix(FluidPipeline):
         return engines
 
     def _items(self, mix: _MixPass) -> Iterator[Any]:
+        """The pass's items: the draws' generator itself, which ends the pass (closes the sources and engines) when it ends."""
         iterators = [iter(source) for source in mix.sources]
         stop_publishing = self._worker_stats.publish(self._stats_box[0] or Stats())
-        try:
-            yield from draw(iterators, mix.chooser, self.longest, mix.ended)
-        finally:
+
+        def end_pass() -> None:
             stop_publishing()
             for it in iterators:
                 close = getattr(it, "close", None)
@@ -261,6 +261,8 @@ class _Mix(FluidPipeline):
             stats = self._stats_box[0]
             if stats is not None and stats.concurrency:
                 self._tuned = stats.concurrency
+
+        return draw(iterators, mix.chooser, self.longest, mix.ended, end_pass)
 
     # -- checkpoints -----------------------------------------------------------------------------------
     def _identity(self) -> dict[str, Any]:
