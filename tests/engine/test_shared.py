@@ -16,8 +16,9 @@ import pytest
 import wds_async as wds
 from benchmarks.make_shards import make_shards
 from emustore import Knobs, StoreProcess
-from tests.conftest import engine_threads, sample_digest
+from tests.conftest import engine_threads, sample_digest, wait_until
 from wds_async.engine.channel import RoutedChannel
+from wds_async.engine.grouping import sample_nbytes
 from wds_async.engine.shared import SharedEngine
 from wds_async.engine.spec import StreamSpec
 from wds_async.engine.work import ItemDone, WorkItem
@@ -152,6 +153,51 @@ def test_the_shared_engine_is_one_loop_thread_and_closes(sources: list[str]) -> 
     assert len(engine_threads()) == before
 
 
+def test_a_route_s_list_stays_in_the_budget_until_its_next_list_is_asked_for(sources: list[str]) -> None:
+    items = wds.WebDataset(sources[0]).work_items()[:2]
+    engine = SharedEngine(StreamSpec(wds.EngineConfig(max_buffered_bytes=1 << 20, deterministic=True)), Stats(), [1.0])
+    try:
+        stream = engine.batches(iter(items), 0)
+        first = next(stream)
+        assert engine._bridge is not None and isinstance(engine._bridge.channel, RoutedChannel)
+        channel = engine._bridge.channel
+        budget = channel.budget
+        # Both items fit the budget: once they are read whole, only the consumer moves it.
+        assert wait_until(lambda: channel.ended[0] == 2 and budget.reserved == 0)
+        queued = sum(n for _, n in channel.routes[0]._ready) + sum(
+            n for _, slot in channel.routes[0]._slots for _, n in slot.items)
+        size = sum(sample_nbytes(x) for x in first if not isinstance(x, ItemDone))
+        assert size > 0 and queued > 0
+        assert budget.used == queued + size  # the list handed over is still counted
+        assert next(stream)
+        # The first list left the budget when the second was asked for; the second, taken from what was queued,
+        # is counted until the consumer is done with it.
+        assert wait_until(lambda: budget.used == queued)
+        stream.close()
+        assert wait_until(lambda: budget.used == 0)  # and the second when the consumer stopped
+    finally:
+        engine.close()
+
+
+def test_a_route_s_lists_are_its_share_of_the_hand_off_but_not_tiny() -> None:
+    mib = 1 << 20
+    engine = SharedEngine(StreamSpec(wds.EngineConfig(max_buffered_bytes=256 * mib)), Stats(), [0.6] + [0.02] * 20)
+    assert engine.handoff(0) == int(0.6 / 1.0 * 16 * mib)  # its share of the 16 MiB hand-off
+    assert engine.handoff(1) == 256 * mib // (4 * 21)  # a quarter of the budget over all routes, under 4 MiB
+    few = SharedEngine(StreamSpec(wds.EngineConfig(max_buffered_bytes=256 * mib)), Stats(), [0.9, 0.1])
+    assert few.handoff(1) == 4 * mib  # a quarter of the hand-off
+    small = SharedEngine(StreamSpec(wds.EngineConfig(max_buffered_bytes=mib)), Stats(), [0.5] * 40)
+    assert small.handoff(0) == 64 << 10  # never below 64 KiB
+
+
+def test_a_routed_work_item_is_the_item_with_its_route() -> None:
+    item = WorkItem(id=3, shard=1, url="http://127.0.0.1:1/a.tar", start=512, end=4096, compressed=False)
+    assert item.routed(2) == WorkItem(id=3, shard=1, url=item.url, start=512, end=4096, compressed=False, route=2)
+    assert item.routed(0, -7) == WorkItem(id=-7, shard=1, url=item.url, start=512, end=4096, compressed=False,
+                                          route=0)
+    assert item.route is None and item.id == 3  # the original is unchanged
+
+
 def test_weights_size_the_prefetch_windows() -> None:
     engine = SharedEngine(StreamSpec(wds.EngineConfig(max_connections=40)), Stats(), [0.3, 0.695, 0.005])
     engine.stats.concurrency = 40
@@ -168,8 +214,10 @@ def test_items_read_ahead_of_the_consumer_free_their_place_in_the_window(tmp_pat
     with room in the budget, a route whose window of items is read keeps its readers busy with the next ones
     (counting the buffered ones left readers idle and kept a mix's autotuner from seeing work waiting)."""
     paths = [str(p) for p in make_shards(tmp_path, n_shards=9, shard_bytes=4 << 20, sample_bytes=256 << 10, seed=5)]
-    spec = StreamSpec(wds.EngineConfig(max_connections=2, max_buffered_bytes=256 << 20, deterministic=True))
-    engine = SharedEngine(spec, Stats(), [0.05, 0.95])  # route 0's hand-offs are 1 MiB: part of an item each
+    spec = StreamSpec(wds.EngineConfig(max_connections=2, max_buffered_bytes=256 << 20, deterministic=True,
+                                       handoff_max_bytes=4 << 20))
+    engine = SharedEngine(spec, Stats(), [0.05, 0.95])
+    assert engine.handoff(0) == 1 << 20  # route 0's hand-offs are 1 MiB: part of an item each
     try:
         engine.stats.concurrency = 2
         window = engine.window(0)

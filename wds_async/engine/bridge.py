@@ -147,10 +147,13 @@ class Bridge:
         return self._channel
 
     # -- consumer thread -----------------------------------------------------------------------
-    def batches(self, route: int | None = None, max_bytes: int | None = None) -> Iterator[list[Any]]:
+    def batches(self, route: int | None = None, max_bytes: int | None = None, *,
+                hold: bool = False) -> Iterator[list[Any]]:
         """Yield lists of items (samples, or exceptions to raise) until the engine is done; with ``routes``,
         those of ``route`` until it ended. ``max_bytes``: the most bytes in one list (default: the config's
-        hand-off size).
+        hand-off size). ``hold``: a list's bytes stay counted in the budget until the consumer asks for the next
+        list (or stops), rather than leaving it when the list is taken, so lists held by many consumers (the
+        routes of a mix) are bounded by the budget, not beside it.
 
         Items are taken straight from the channel under its lock; the loop thread is only *notified*
         (bytes released, waiters woken), so a busy loop never delays the consumer.
@@ -173,19 +176,32 @@ class Bridge:
         def starving() -> None:
             self._call_soon(budget.wake)
 
-        while True:
-            if os.getpid() != self._pid:
-                raise EngineError("a wds-async iterator cannot be used across fork(); create it in the child")
-            started = time.perf_counter()
-            items, done = take(max_items, max_bytes, _POLL, release, starving)
-            if not items and not done and not thread.is_alive():
-                raise self._thread_died()
-            stats.wait_seconds += time.perf_counter() - started
-            stats.delivered(len(items) - list(map(type, items)).count(ItemDone))  # stamps first_sample_s
-            if items:
-                yield items
-            if done:
-                return
+        held = [0]  # with hold: the bytes of the list handed over last, released when the next one is asked for
+
+        def keep(nbytes: int) -> None:
+            held[0] += nbytes
+
+        give = keep if hold else release
+        try:
+            while True:
+                if held[0]:
+                    release(held[0])  # the list handed over last has been used
+                    held[0] = 0
+                if os.getpid() != self._pid:
+                    raise EngineError("a wds-async iterator cannot be used across fork(); create it in the child")
+                started = time.perf_counter()
+                items, done = take(max_items, max_bytes, _POLL, give, starving)
+                if not items and not done and not thread.is_alive():
+                    raise self._thread_died()
+                stats.wait_seconds += time.perf_counter() - started
+                stats.delivered(len(items) - list(map(type, items)).count(ItemDone))  # stamps first_sample_s
+                if items:
+                    yield items
+                if done:
+                    return
+        finally:
+            if held[0] and os.getpid() == self._pid:
+                release(held[0])
 
     def _thread_died(self) -> BaseException:
         """The error for a loop thread that ended without finishing the channel: what killed it when that

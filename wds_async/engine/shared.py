@@ -24,9 +24,14 @@ How much each source prefetches
     a slow consumer's mix would fill its whole budget with read-ahead on top of its routes' hand-offs.
 
 Hand-off
-    A consumer holds the list of samples it took until it has used them, outside the byte budget; a route's lists
-    are its share of the hand-off size (at least 1 MiB), so all routes together hold about one hand-off, not one
-    each.
+    A route's consumer takes its samples in lists, as a single dataset's does, and holds each list until it has used
+    it. Those bytes stay counted in the byte budget until the consumer asks for the route's next list, so however
+    many routes hold a list, they hold it inside the one budget. A route's lists are its share of the hand-off size,
+    but at least a quarter of it, and at most a quarter of the budget for all routes together (``handoff_bytes / 4``
+    and ``max_buffered_bytes / (4 * routes)``, the smaller): rare sources still take many samples per hand-off.
+    Each take costs the consumer thread tens of microseconds (the channel's lock, waking the loop), so a 20-source
+    mix that took 1 MiB lists (a first version, whose held lists were outside the budget) took five times as many
+    lists as one dataset and spent about 3 us more per sample on them.
 
 Priming
     A source's iterator starts at its first draw, which for a rare source may come thousands of samples into the
@@ -43,7 +48,6 @@ import itertools
 import math
 import threading
 from collections.abc import Generator, Iterable, Iterator, Sequence
-from dataclasses import replace
 from typing import Any
 
 from ..errors import EngineError
@@ -57,6 +61,9 @@ from .spec import StreamSpec
 from .work import ItemDone, WorkItem
 
 __all__ = ["SharedEngine"]
+
+#: The smallest hand-off list of a route, in bytes (a budget too small for the rule in the module docstring).
+MIN_HANDOFF = 64 << 10
 
 #: The buffer's fill above which a route counts its items waiting in the buffer against its window again.
 ROOM_FULL = 0.75
@@ -99,6 +106,12 @@ class SharedEngine:
         level = self.stats.concurrency or start_level(config, config.max_buffered_bytes)
         return 1 + math.ceil(self.shares[route] * level - 1e-9)  # 0.3 * 40 is 12.000000000000002
 
+    def handoff(self, route: int) -> int:
+        """The most bytes in one of ``route``'s hand-off lists (see the module docstring)."""
+        config = self.spec.config
+        floor = min(config.handoff_bytes // 4, config.max_buffered_bytes // (4 * len(self.shares)))
+        return max(MIN_HANDOFF, floor, int(config.handoff_bytes * self.shares[route]))
+
     def prime(self, route: int, items: Iterator[WorkItem], count: int | None = None) -> None:
         """Submit ``route``'s first items now, ahead of its first draw (see the module docstring): ``count`` more
         of them, or as many as fill its window. A mix primes every source's first item before any second one."""
@@ -112,7 +125,7 @@ class SharedEngine:
         wanted = self.window(route) - len(primed) if count is None else count
         batch = []
         for item in itertools.islice(items, max(0, wanted)):  # not zip(items, range(n)): it would take one more
-            batch.append(replace(item, id=self._next_primed_id, route=route))
+            batch.append(item.routed(route, self._next_primed_id))
             primed.append((self._next_primed_id, item))
             self._next_primed_id -= 1
         if batch:
@@ -154,7 +167,7 @@ class SharedEngine:
                     adopted[primed.popleft()[0]] = item.id
                     continue
                 drop_primed()
-                feed.submit([replace(item, route=route)])
+                feed.submit([item.routed(route)])
 
         def drop_primed() -> None:
             junk.update(primed_id for primed_id, _ in primed)
@@ -163,10 +176,7 @@ class SharedEngine:
         complete = False
         try:
             top_up()
-            # Each route's consumer holds the list it took until it has used it, outside the budget: lists of
-            # the route's share of the hand-off size (at least 1 MiB) keep all of them near one hand-off.
-            handoff = max(1 << 20, int(self.spec.config.handoff_bytes * self.shares[route]))
-            for batch in bridge.batches(route, handoff):
+            for batch in bridge.batches(route, self.handoff(route), hold=True):
                 out: list[Any]
                 if not (adopted or junk or primed):  # no primed item left: only the ends need counting (at C speed)
                     ends = list(map(type, batch)).count(ItemDone)

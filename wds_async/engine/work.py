@@ -39,6 +39,18 @@ class WorkItem:
         if self.start < 0 or (self.end is not None and self.end < self.start):
             raise ValueError(f"bad work item range [{self.start}, {self.end})")
 
+    def routed(self, route: int, id: int | None = None) -> WorkItem:
+        """This item for ``route`` (and with ``id``, when given): a copy of its fields, already checked.
+        ``dataclasses.replace`` looks up every field and runs the checks again (2.2 us against 0.4 us here), on the
+        consumer thread of a mix, which routes every item it submits."""
+        item = object.__new__(WorkItem)
+        fields = item.__dict__
+        fields.update(self.__dict__)
+        fields["route"] = route
+        if id is not None:
+            fields["id"] = id
+        return item
+
 
 @dataclass(frozen=True)
 class ItemDone:
