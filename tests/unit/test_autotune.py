@@ -177,3 +177,55 @@ def test_the_check_leaves_bandwidth_bound_reads_and_a_throttled_store_to_the_ram
     tuner.size(0.0)
     tuner.stats.bytes_read += int(level * 10e6 * 0.05)
     assert not tuner.size(0.05) and tuner.limiter.total == level  # backed off: not ramping any more
+
+
+def _drive_loop(tuner: Autotuner, store, seconds: float, step: float = 0.5) -> list[tuple[float, int, float]]:  # type: ignore[no-untyped-def]
+    """Run the tuner against ``store(level) -> (bytes/s, the loop thread's busy share)``, every request in flight."""
+    trace = []
+    t = 0.0
+    while t < seconds:
+        level = tuner.limiter.total
+        rate, busy = store(level)
+        trace.append((t, level, rate))
+        tuner.decide(Observation(now=t, throughput=rate, throttled=0, limited=1.0, consumer_bound=0.0,
+                                 in_flight=level, busy=busy))
+        t += step
+    return trace
+
+
+def test_a_saturated_loop_is_not_given_more_requests_and_sheds_those_that_add_nothing() -> None:
+    # 20 MB/s per connection, but the loop thread parses at most 700 MB/s: 35 connections saturate it.
+    def store(level: int) -> tuple[float, float]:
+        return min(level * 20 * MB, 700 * MB), min(1.0, level * 20 / 700)
+
+    tuner = _tuner(start=64)
+    trace = _drive_loop(tuner, store, 120)
+    assert max(level for _, level, _ in trace) == 64  # never ramped past where it started
+    assert 35 <= tuner.limiter.total <= 48, tuner.limiter.total  # trimmed to near the fewest that saturate it
+    late = [rate for t, _, rate in trace if t >= 10]
+    assert sum(late) / len(late) >= 0.9 * 700 * MB
+    assert "saturated" in tuner.stats.concurrency_reason or "back to" in tuner.stats.concurrency_reason
+
+
+def test_where_requests_ahead_cost_the_saturated_loop_it_goes_down_to_the_few_that_are_fastest() -> None:
+    # CPU-bound and in order: every request beyond the head reads ahead, which costs the loop (page faults).
+    tuner = _tuner(start=32)
+    trace = _drive_loop(tuner, lambda level: ((1000 - 10 * level) * MB, 0.97), 10)
+    assert [level for _, level, _ in trace][:4] == [32, 24, 18, 13]  # a quarter less each interval
+    assert tuner.limiter.total <= 4
+    assert max(level for _, level, _ in trace) == 32
+
+
+def test_an_unsaturated_loop_ramps_as_before() -> None:
+    tuner = _tuner(start=16)
+    trace = _drive_loop(tuner, lambda level: (min(level * 5 * MB, 2000 * MB), 0.4), 3)
+    assert [level for _, level, _ in trace][:3] == [16, 32, 64]
+
+
+def test_trims_of_a_saturated_loop_are_judged_against_the_best_of_the_chain() -> None:
+    # Each quarter fewer loses 4%: within the 5% a single trim may lose, but the losses must not add up.
+    tuner = _tuner(start=64)
+    trace = _drive_loop(tuner, lambda level: ((600 + 2 * level) * MB, 0.95), 6)
+    assert [level for _, level, _ in trace][:4] == [64, 48, 36, 48]  # 36 lost 7.7% against 64's rate: undone
+    assert tuner.limiter.total == 48
+    assert trace[-1][2] >= 0.95 * trace[0][2]
