@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from wds_async.backends.http import HttpBackend
 from wds_async.data.fluid import _Pass
 from wds_async.engine.grouping import _skipped, split_key
-from wds_async.engine.tarstream import Member, TarParser, _block_sum
+from wds_async.engine.tarheader import block_sum as _block_sum
+from wds_async.engine.tarstream import Member, TarParser
 from wds_async.errors import ShardFormatError
 
 # The rules as first written, kept here as the reference the fast versions are checked against.

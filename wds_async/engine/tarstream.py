@@ -2,7 +2,8 @@
 
 ``TarParser.feed(chunk)`` takes bytes in whatever pieces the network delivers and returns the regular
 files those bytes complete; ``close()`` says whether the stream held a whole archive. There is no I/O,
-no thread and no clock in here: the async driver is a loop around ``feed``.
+no thread and no clock in here: the async driver is a loop around ``feed``. This module is the stream's state
+machine; the fields of one header and PAX records are decoded in :mod:`wds_async.engine.tarheader`.
 
 Invariants:
 
@@ -32,11 +33,20 @@ Invariants:
 from __future__ import annotations
 
 import functools
-import struct
 import zlib
 from typing import NamedTuple
 
 from ..errors import SampleTooLarge, ShardFormatError, TruncatedShard
+from .tarheader import (
+    HeaderError,
+    block_sum,
+    check_checksum,
+    excerpt,
+    header_name,
+    looks_like_tar,
+    parse_pax,
+    parse_size,
+)
 
 __all__ = ["Member", "TarParser"]
 
@@ -50,10 +60,6 @@ _FILE_FLAG, _CONTIG_FLAG = b"07"  # the regular typeflags that need no further l
 _NO_DATA = frozenset(b"123456")  # links, devices, dirs, fifos: like tarfile, ignore their size field
 _PAX = frozenset(b"xX")
 _GLOBAL, _LONGNAME, _LONGLINK, _SPARSE, _DIRTYPE = b"gLKS5"
-_OCTAL = b"01234567"
-_CONTROL = bytes(range(1, 32)) + b"\x7f"
-_MAGICS = (b"ustar\x00", b"ustar ", bytes(6))
-_NUMERIC_FIELDS = ((100, 108), (108, 116), (116, 124), (124, 136), (136, 148), (148, 156))
 
 # States of the tar layer, and what the data of the current entry is for.
 _HEADER, _DATA, _PAD, _DONE = range(4)
@@ -76,39 +82,6 @@ class Member(NamedTuple):
 
 #: Member(name, offset, data, end) without the Python-level ``__new__`` of a named tuple.
 _new_member = functools.partial(tuple.__new__, Member)
-
-
-def _block_sum(block: bytes) -> int:
-    """The sum of a 512-byte block's bytes. A 256-byte half sums to at most 65280, below adler32's
-    modulus, so adler32's low 16 bits are exactly 1 + that half's sum: two C calls, not 512 additions."""
-    return (zlib.adler32(block[:256]) & 0xFFFF) + (zlib.adler32(block[256:]) & 0xFFFF) - 2
-
-
-def _excerpt(buf: bytes | bytearray | memoryview, limit: int = 40) -> str:
-    text = repr(bytes(buf[:limit]))
-    return text[:-1] + "..." + text[-1] if len(buf) > limit else text
-
-
-def _looks_like_tar(buf: bytes | bytearray) -> bool:
-    """Whether a (possibly partial) first block could be a tar header at all."""
-    name = bytes(buf[:100]).split(b"\0", 1)[0]
-    if len(name.translate(None, _CONTROL)) != len(name):
-        return False  # newlines and other control bytes: text, HTML, JSON error bodies
-    for start, end in _NUMERIC_FIELDS:
-        num = bytes(buf[start:end])
-        if num and not num[0] & 0x80 and num.translate(None, _OCTAL + b" \0"):
-            return False
-    magic = bytes(buf[257:263])
-    return not magic or any(m.startswith(magic) for m in _MAGICS)
-
-
-def _header_name(block: bytes) -> str:
-    name = block[:100].split(b"\0", 1)[0]
-    if block[345] and block[257:263] == b"ustar\x00":  # POSIX ustar: the prefix field extends the name
-        prefix = block[345:500].split(b"\0", 1)[0]
-        if prefix:
-            name = prefix + b"/" + name
-    return name.decode("utf-8", "surrogateescape")
 
 
 class TarParser:
@@ -229,7 +202,7 @@ class TarParser:
                     self._sniff = head
                     return
                 if head != _GZIP_MAGIC:  # (after the archive's end _gz_ignore is already set)
-                    raise self._bad(f"bytes after a gzip member are not gzip: {_excerpt(data)}", self._pos)
+                    raise self._bad(f"bytes after a gzip member are not gzip: {excerpt(data)}", self._pos)
                 self._gz = zlib.decompressobj(31)
                 if self._sniff:
                     held, self._sniff = self._sniff, b""
@@ -321,7 +294,7 @@ class TarParser:
                 continue
             # The checksum: when the field reads "%06o\0 " of the computed sum it is right; else the full check.
             field = block[148:156]
-            if field != b"%06o\0 " % (_block_sum(block) - sum(field) + 8 * 32):
+            if field != b"%06o\0 " % (block_sum(block) - sum(field) + 8 * 32):
                 self._verify_checksum(block, off, not self._headers)
             self._headers += 1
             digits = block[124:135]
@@ -332,7 +305,7 @@ class TarParser:
                     size = int(digits, 8)
                 except ValueError:  # an 8 or a 9
                     size = self._parse_size(block, off)
-            name = _header_name(block) if block[345] else block[:100].split(b"\0", 1)[0].decode(
+            name = header_name(block) if block[345] else block[:100].split(b"\0", 1)[0].decode(
                 "utf-8", "surrogateescape")
             if size > self._max_member:
                 raise self._too_large(name, size, off)
@@ -371,12 +344,12 @@ class TarParser:
             return
         if flag == _SPARSE:
             raise self._bad("GNU sparse members are not supported", off)
-        name = self._next_name if self._next_name is not None else _header_name(block)
+        name = self._next_name if self._next_name is not None else header_name(block)
         if self._next_size is not None:
             size = self._next_size
         entry_off = off if self._prefix_off is None else self._prefix_off
         self._prefix_off = self._next_name = self._next_size = None
-        if flag == 0 and _header_name(block).endswith("/"):
+        if flag == 0 and header_name(block).endswith("/"):
             flag = _DIRTYPE  # an old V7 archive's way to say directory
         if flag in _NO_DATA:
             size = 0
@@ -405,59 +378,27 @@ class TarParser:
         self._state = _PAD if self._pad else _HEADER
 
     def _verify_checksum(self, block: bytes, off: int, first: bool) -> None:
-        raw = block[148:156]
-        digits = raw.split(b"\0", 1)[0].strip(b" ")
-        if digits and not digits.translate(None, _OCTAL):
-            stored = int(digits, 8)
-            unsigned = _block_sum(block) - sum(raw) + 8 * 32  # the field itself counts as spaces
-            if stored == unsigned:
-                return
-            # Some historic tars summed signed chars; POSIX readers accept either.
-            signed = sum(struct.unpack_from("148b", block)) + sum(struct.unpack_from("356b", block, 156))
-            if stored == signed + 8 * 32:
-                return
-            problem = f"tar header checksum mismatch (stored {stored}, computed {unsigned})"
-        else:
-            problem = f"tar header has a non-octal checksum field {raw!r}"
-        if first and not _looks_like_tar(block):
-            problem = f"the bytes are not a tar archive; they start with {_excerpt(block)}"
-        raise self._bad(problem, off)
+        try:
+            check_checksum(block, first)
+        except HeaderError as error:
+            raise self._bad(str(error), off) from None
 
     def _parse_size(self, block: bytes, off: int) -> int:
-        raw = block[124:136]
-        if raw[0] & 0x80:  # GNU base-256: 0x80 then a big-endian number; 0xff would be negative
-            if raw[0] == 0x80:
-                return int.from_bytes(raw[1:], "big")
-            raise self._bad(f"tar header has an impossible size field {raw!r}", off)
-        digits = raw.split(b"\0", 1)[0].strip(b" ")
-        if digits.translate(None, _OCTAL):
-            raise self._bad(f"tar header has a non-octal size field {raw!r}", off)
-        return int(digits, 8) if digits else 0
+        try:
+            return parse_size(block)
+        except HeaderError as error:
+            raise self._bad(str(error), off) from None
 
     def _apply_pax(self, data: bytes) -> None:
-        """Parse ``"<len> <key>=<value>\\n"`` records; keep the ones that frame the next member."""
-        records: dict[bytes, bytes] = {}
-        pos, end = 0, len(data)
-        while pos < end and data[pos]:  # NUL padding after the last record is tolerated
-            space = data.find(b" ", pos, pos + 20)
-            digits = data[pos:space] if space > pos else b""
-            stop = pos + int(digits) if digits.isdigit() else -1
-            key, eq, value = data[space + 1 : stop - 1].partition(b"=")
-            if stop <= space + 1 or stop > end or data[stop - 1] != 0x0A or not eq or not key:
-                raise self._bad(f"bad PAX record {_excerpt(data[pos:])}", self._entry_off)
-            records[key] = value
-            pos = stop
-        if any(key.startswith(b"GNU.sparse.") for key in records):
-            raise self._bad("GNU sparse members are not supported", self._entry_off)
-        path = records.get(b"path")
-        if path and self._next_name is None:  # like tarfile, the first header of a chain wins
-            self._next_name = path.decode("utf-8", "surrogateescape").rstrip("/")
-        size = records.get(b"size")
-        if size is not None:
-            if not size.isdigit():
-                raise self._bad(f"bad PAX size {size!r}", self._entry_off)
-            if self._next_size is None:
-                self._next_size = int(size)
+        """Keep what a PAX header says of the next member; like tarfile, the first header of a chain wins."""
+        try:
+            fields = parse_pax(data)
+        except HeaderError as error:
+            raise self._bad(str(error), self._entry_off) from None
+        if fields.path and self._next_name is None:
+            self._next_name = fields.path
+        if fields.size is not None and self._next_size is None:
+            self._next_size = fields.size
 
     # -- end of stream ---------------------------------------------------------------------------
 
@@ -473,10 +414,10 @@ class TarParser:
             return
         if self._state == _HEADER:
             got = len(self._hbuf)
-            if got and not self._headers and not _looks_like_tar(self._hbuf):
-                raise self._bad(f"the bytes are not a tar archive: {_excerpt(self._hbuf)}", self._pos - got)
+            if got and not self._headers and not looks_like_tar(self._hbuf):
+                raise self._bad(f"the bytes are not a tar archive: {excerpt(self._hbuf)}", self._pos - got)
             if got:
-                msg = f"stream ended {got} bytes into a 512-byte tar header ({_excerpt(self._hbuf, 20)})"
+                msg = f"stream ended {got} bytes into a 512-byte tar header ({excerpt(self._hbuf, 20)})"
                 raise self._cut(msg, self._pos - got)
             if self._pos == self._start:
                 msg = "empty shard: 0 bytes" + (" after gzip decompression" if self._gzip else "")
