@@ -82,6 +82,7 @@ RAMP_GAIN = 1.20     # a doubling must gain this much to keep doubling
 KNEE_KEEP = 0.90     # a doubling that lost more than this is undone at the knee; else kept (see below)
 PROBE_GAIN = 1.07    # a probe must gain this much to be kept
 TRIM_KEEP = 0.95     # fewer requests are kept when they keep this much of the throughput
+TRIM_STEP = 0.75     # a trim (and a shed of a saturated loop) tries this share of the requests
 BACKOFF = 0.50       # the deepest cut on throttling (see ``decide``)
 SHRINK = 0.80        # per interval while the consumer is the bottleneck
 CEILING_SECONDS = 60.0
@@ -335,7 +336,7 @@ class Autotuner:
             return
         if self._trim_next or level >= top:
             self._trim_next = False
-            lower = max(self.minimum, math.floor(level * 0.75))
+            lower = max(self.minimum, math.floor(level * TRIM_STEP))
             if lower < level:
                 self.phase, self._probe_from = "trim", (level, self._held)
                 self._set(lower, f"trying fewer than {level}")
@@ -365,7 +366,7 @@ class Autotuner:
         ``reference`` (default: this interval's throughput)."""
         level = self.limiter.total
         base = min(level, max(obs.in_flight, 1))
-        lower = max(self.minimum, math.floor(base * 0.75))
+        lower = max(self.minimum, math.floor(base * TRIM_STEP))
         if lower >= base:
             self._hold(obs, level, f"the loop thread is saturated ({obs.busy:.0%} busy) at {level}")
             return
