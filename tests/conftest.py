@@ -123,6 +123,13 @@ def wait_until(predicate, timeout: float = 5.0) -> bool:  # type: ignore[no-unty
     return bool(predicate())
 
 
+def queued_in(channel) -> list[tuple[object, int]]:  # type: ignore[no-untyped-def]
+    """What a :class:`~wds_async.engine.channel.SampleChannel` holds for its consumer, as (item, bytes), taken
+    under its lock (a white-box look: no public counter tells what is queued, or a queued error)."""
+    with channel._lock:
+        return [*channel._ready, *(entry for _, slot in channel._slots for entry in slot.items)]
+
+
 def engine_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "wds-async-engine"]
 

@@ -6,7 +6,6 @@ sample, and guesses that miss dropped without harm."""
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import pytest
 
 import wds_async as wds
 from emustore import Knobs, StoreProcess
+from tests.conftest import queued_in, wait_until
 from tests.data.test_indexed import PER_SHARD, RETRY, _plain, _write
 from wds_async.data.readahead import Ahead
 
@@ -155,19 +155,12 @@ def test_an_error_is_raised_by_the_batch_that_holds_the_sample_not_by_the_one_be
 
 
 def _until_an_error_is_queued(ds: wds.IndexedWebDataset, timeout: float = 20.0) -> None:
-    """Wait until the engine of this process has put an error in its channel (a white-box look: no public
-    counter tells a failed read that is still queued)."""
+    """Wait until the engine of this process has put an error in its channel."""
     bridge = ds._proc.requests._bridge if ds._proc is not None else None
     assert bridge is not None and bridge.channel is not None
     channel = bridge.channel
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with channel._lock:
-            queues = [channel._ready, *(slot.items for _, slot in channel._slots)]
-            if any(isinstance(item, BaseException) for queue in queues for item, _ in queue):
-                return
-        time.sleep(0.01)
-    raise AssertionError(f"no error reached the channel within {timeout} s")
+    if not wait_until(lambda: any(isinstance(item, BaseException) for item, _ in queued_in(channel)), timeout):
+        raise AssertionError(f"no error reached the channel within {timeout} s")
 
 
 def test_a_dropped_guess_that_fails_is_not_raised_by_the_batch_after_it(tmp_path: Path) -> None:

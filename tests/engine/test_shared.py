@@ -16,7 +16,7 @@ import pytest
 import wds_async as wds
 from benchmarks.make_shards import make_shards
 from emustore import Knobs, StoreProcess
-from tests.conftest import engine_threads, sample_digest, wait_until
+from tests.conftest import engine_threads, queued_in, sample_digest, wait_until
 from wds_async.engine.channel import RoutedChannel
 from wds_async.engine.grouping import sample_nbytes
 from wds_async.engine.shared import SharedEngine
@@ -164,8 +164,7 @@ def test_a_route_s_list_stays_in_the_budget_until_its_next_list_is_asked_for(sou
         budget = channel.budget
         # Both items fit the budget: once they are read whole, only the consumer moves it.
         assert wait_until(lambda: channel.ended[0] == 2 and budget.reserved == 0)
-        queued = sum(n for _, n in channel.routes[0]._ready) + sum(
-            n for _, slot in channel.routes[0]._slots for _, n in slot.items)
+        queued = sum(n for _, n in queued_in(channel.routes[0]))
         size = sum(sample_nbytes(x) for x in first if not isinstance(x, ItemDone))
         assert size > 0 and queued > 0
         assert budget.used == queued + size  # the list handed over is still counted
