@@ -127,7 +127,8 @@ def queued_in(channel) -> list[tuple[object, int]]:  # type: ignore[no-untyped-d
     """What a :class:`~wds_async.engine.channel.SampleChannel` holds for its consumer, as (item, bytes), taken
     under its lock (a white-box look: no public counter tells what is queued, or a queued error)."""
     with channel._lock:
-        return [*channel._ready, *(entry for _, slot in channel._slots for entry in slot.items)]
+        queues = [channel._ready, *(slot.queue for _, slot in channel._slots)]
+        return [entry for queue in queues for entry in zip(queue.items, queue.sizes)]
 
 
 def engine_threads() -> list[threading.Thread]:

@@ -106,3 +106,32 @@ async def test_abandon_releases_bytes_and_refuses_puts() -> None:
     with pytest.raises(ChannelClosed):
         channel.put(t, "y", 1)
     assert await channel.get_many(1, 1) == ([], True)
+
+
+@pytest.mark.parametrize("ordered", [False, True])
+def test_a_queued_sample_adds_no_object_for_the_garbage_collector(ordered: bool) -> None:
+    """A full buffer of small samples is tens of thousands of them; an object per queued sample that the collector
+    tracks (a ``(sample, size)`` pair) reaches its oldest generation and triggers full collections of the whole
+    heap. Queueing must add none: only the samples themselves are tracked."""
+    import gc
+
+    from wds_async.engine.grouping import Sample
+
+    budget = ByteBudget(1 << 30)
+    channel = SampleChannel(budget, ordered=ordered)
+    reader = object()
+    channel.open_shard(reader)
+    samples = [Sample(__key__=f"k{i}", bin=b"x") for i in range(2000)]
+    was_enabled = gc.isenabled()
+    gc.disable()  # no collection between the two counts
+    try:
+        before = len(gc.get_objects())
+        for sample in samples:
+            channel.put(reader, sample, 1)
+        added = len(gc.get_objects()) - before
+    finally:
+        if was_enabled:
+            gc.enable()
+    assert added < 20, f"{added} tracked objects for {len(samples)} queued samples"
+    items, _ = channel.take(len(samples), 1 << 30, 0.0, lambda n: None, lambda: None)
+    assert items == samples

@@ -37,11 +37,37 @@ class ChannelClosed(Exception):
     """Raised to a reader that tries to put into a channel the consumer has abandoned."""
 
 
+class _Queue:
+    """Items in line and their sizes in bytes, side by side in two deques. A deque of ``(item, size)`` pairs would
+    make one tuple per sample that lives as long as the sample waits, and one the garbage collector tracks (a tuple
+    that holds a sample stays tracked): with a buffer of small samples, tens of thousands of them reach the oldest
+    generation on each refill, and each time a quarter of the process's objects got there that way, Python runs a
+    full collection over the whole heap (measured on 1 KB samples: 2 full collections per 30k samples, a fifth of
+    the engine's CPU, in a process with a small heap)."""
+
+    __slots__ = ("items", "sizes")
+
+    def __init__(self) -> None:
+        self.items: collections.deque[Any] = collections.deque()
+        self.sizes: collections.deque[int] = collections.deque()
+
+    def append(self, item: Any, nbytes: int) -> None:
+        self.items.append(item)
+        self.sizes.append(nbytes)
+
+    def nbytes(self) -> int:
+        return sum(self.sizes)
+
+    def clear(self) -> None:
+        self.items.clear()
+        self.sizes.clear()
+
+
 @dataclass
 class _Slot:
     """One shard's place in an ordered channel."""
 
-    items: collections.deque[tuple[Any, int]]
+    queue: _Queue
     closed: bool = False
 
 
@@ -64,7 +90,7 @@ class SampleChannel:
     def __init__(self, budget: ByteBudget, *, ordered: bool) -> None:
         self.budget = budget
         self.ordered = ordered
-        self._ready: collections.deque[tuple[Any, int]] = collections.deque()
+        self._ready = _Queue()
         self._slots: collections.deque[tuple[object, _Slot]] = collections.deque()
         self._slot_of: dict[object, _Slot] = {}
         self._finished = False
@@ -79,20 +105,20 @@ class SampleChannel:
     def open_shard(self, token: object, route: int | None = None) -> None:
         """Place a work item (``token``) in line; ``route`` is for a :class:`RoutedChannel` and ignored here."""
         if self.ordered:
-            slot = _Slot(collections.deque())
+            slot = _Slot(_Queue())
             with self._lock:
                 self._slots.append((token, slot))
                 self._slot_of[token] = slot
 
-    def _queue_for(self, token: object) -> collections.deque[tuple[Any, int]]:
-        return self._slot_of[token].items if self.ordered else self._ready
+    def _queue_for(self, token: object) -> _Queue:
+        return self._slot_of[token].queue if self.ordered else self._ready
 
     def put(self, token: object, sample: Any, nbytes: int) -> None:
         """Queue one sample whose ``nbytes`` the caller already accounted in the budget."""
         with self._lock:
             if self._abandoned:
                 raise ChannelClosed()
-            self._queue_for(token).append((sample, nbytes))
+            self._queue_for(token).append(sample, nbytes)
             self._notify_locked()
         self.budget.clear_overdraft()
 
@@ -107,7 +133,7 @@ class SampleChannel:
     def _put_marker(self, token: object, item: object) -> None:
         with self._lock:
             if not self._abandoned:
-                self._queue_for(token).append((item, 0))
+                self._queue_for(token).append(item, 0)
                 self._notify_locked()
 
     def close_shard(self, token: object) -> None:
@@ -129,8 +155,8 @@ class SampleChannel:
         with self._lock:
             if self.ordered:
                 self._advance()
-                return bool(self._slots) and self._slots[0][0] is token and not self._slots[0][1].items
-            return not self._ready
+                return bool(self._slots) and self._slots[0][0] is token and not self._slots[0][1].queue.items
+            return not self._ready.items
 
     @property
     def abandoned(self) -> bool:
@@ -145,9 +171,9 @@ class SampleChannel:
         """The consumer is gone: drop everything and refuse new samples."""
         with self._lock:
             self._abandoned = True
-            dropped = sum(n for _, n in self._ready)
+            dropped = self._ready.nbytes()
             for _, slot in self._slots:
-                dropped += sum(n for _, n in slot.items)
+                dropped += slot.queue.nbytes()
             self._ready.clear()
             self._slots.clear()
             self._slot_of.clear()
@@ -164,15 +190,15 @@ class SampleChannel:
     # -- consumer side -----------------------------------------------------------------------
     def _advance(self) -> None:
         """Ordered mode: drop finished, empty head slots (lock held)."""
-        while self._slots and self._slots[0][1].closed and not self._slots[0][1].items:
+        while self._slots and self._slots[0][1].closed and not self._slots[0][1].queue.items:
             token, _ = self._slots.popleft()
             del self._slot_of[token]
 
-    def _head(self) -> collections.deque[tuple[Any, int]] | None:
+    def _head(self) -> _Queue | None:
         if not self.ordered:
             return self._ready
         self._advance()
-        return self._slots[0][1].items if self._slots else None
+        return self._slots[0][1].queue if self._slots else None
 
     def _done(self) -> bool:
         if self._stopped or self._abandoned:
@@ -182,23 +208,25 @@ class SampleChannel:
         if self.ordered:
             self._advance()
             return not self._slots
-        return not self._ready
+        return not self._ready.items
 
     def _take_locked(self, max_items: int, max_bytes: int) -> tuple[list[Any], int]:
         items: list[Any] = []
         taken = 0
         head = self._head()
-        while head and len(items) < max_items and (not items or taken + head[0][1] <= max_bytes):
-            item, nbytes = head.popleft()
+        while head is not None and head.items and len(items) < max_items:
+            if items and taken + head.sizes[0] > max_bytes:
+                break
+            item = head.items.popleft()
+            taken += head.sizes.popleft()
             if item is _END:
                 self._stopped = True
                 break
             items.append(item)
-            taken += nbytes
             if isinstance(item, BaseException):
                 self._stopped = True
                 break
-            if self.ordered and not head:
+            if self.ordered and not head.items:
                 head = self._head()
         return items, taken
 
@@ -243,7 +271,7 @@ class SampleChannel:
 
     def statistics(self) -> dict[str, int]:
         with self._lock:
-            queued = len(self._ready) + sum(len(s.items) for _, s in self._slots)
+            queued = len(self._ready.items) + sum(len(s.queue.items) for _, s in self._slots)
             return {"queued_items": queued, "open_shards": len(self._slots)}
 
 
