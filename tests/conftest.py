@@ -128,7 +128,7 @@ def queued_in(channel) -> list[tuple[object, int]]:  # type: ignore[no-untyped-d
     under its lock (a white-box look: no public counter tells what is queued, or a queued error)."""
     with channel._lock:
         queues = [channel._ready, *(slot.queue for _, slot in channel._slots)]
-        return [entry for queue in queues for entry in zip(queue.items, queue.sizes)]
+        return [entry for queue in queues for entry in zip(queue.items[queue.head:], queue.sizes[queue.head:])]
 
 
 def engine_threads() -> list[threading.Thread]:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -135,3 +136,125 @@ def test_a_queued_sample_adds_no_object_for_the_garbage_collector(ordered: bool)
     assert added < 20, f"{added} tracked objects for {len(samples)} queued samples"
     items, _ = channel.take(len(samples), 1 << 30, 0.0, lambda n: None, lambda: None)
     assert items == samples
+
+
+class _Reference:
+    """The channel's take, item by item (what the channel did before its queues took slices): the model the
+    channel is checked against."""
+
+    def __init__(self, ordered: bool) -> None:
+        self.ordered = ordered
+        self.slots: list[list[Any]] = []  # [token, entries, closed]
+        self.ready: list[tuple[Any, int]] = []
+        self.stopped = False
+
+    def queue(self, token: object) -> list[tuple[Any, int]]:
+        if not self.ordered:
+            return self.ready
+        return next(slot[1] for slot in self.slots if slot[0] is token)
+
+    def head(self) -> list[tuple[Any, int]] | None:
+        if not self.ordered:
+            return self.ready
+        while self.slots and self.slots[0][2] and not self.slots[0][1]:
+            self.slots.pop(0)
+        return self.slots[0][1] if self.slots else None
+
+    def take(self, max_items: int, max_bytes: int) -> tuple[list[Any], int]:
+        items: list[Any] = []
+        taken = 0
+        head = self.head()
+        while head and len(items) < max_items and (not items or taken + head[0][1] <= max_bytes):
+            item, nbytes = head.pop(0)
+            taken += nbytes
+            if item == "END":
+                self.stopped = True
+                break
+            items.append(item)
+            if isinstance(item, BaseException):
+                self.stopped = True
+                break
+            if self.ordered and not head:
+                head = self.head()
+        return items, taken
+
+
+@pytest.mark.parametrize("ordered", [False, True])
+@pytest.mark.parametrize("seed", range(6))
+def test_takes_match_an_item_by_item_model(ordered: bool, seed: int) -> None:
+    """Random puts, errors, stops, shard ends and takes with random bounds (a byte bound that fits none, one or
+    many; item bounds of 1 to many), and enough items that the queues compact several times: every take returns
+    what taking item by item returns, with the same bytes, and the channel stops where the model does."""
+    import random
+
+    rng = random.Random(seed)
+    channel, model, tokens, puts = SampleChannel(ByteBudget(1 << 40), ordered=ordered), _Reference(ordered), [], 0
+    n = stops = 0
+    for _step in range(30_000):
+        if channel.stopped:  # an error or a stop ended this channel: go on with a fresh one
+            stops += 1
+            channel, model, tokens, puts = SampleChannel(ByteBudget(1 << 40), ordered=ordered), _Reference(ordered), [], 0
+        roll = rng.random()
+        ending = puts > 3000 and roll < 0.002  # errors and stops only after some fill, so queues grow long
+        if ending and tokens:
+            token = rng.choice(tokens)
+            if roll < 0.001:
+                error = ValueError(n)
+                channel.put_error(token, error)
+                model.queue(token).append((error, 0))
+            else:
+                channel.put_stop(token)
+                model.queue(token).append(("END", 0))
+        elif roll < 0.02 or not tokens:
+            token = object()
+            tokens.append(token)
+            channel.open_shard(token)
+            model.slots.append([token, [], False])
+        elif roll < 0.7:
+            token = rng.choice(tokens)
+            size = rng.choice([0, 1, 5, 100, 1000])
+            channel.put(token, n, size)
+            model.queue(token).append((n, size))
+            n += 1
+            puts += 1
+        elif roll < 0.72 and ordered:
+            token = tokens.pop(rng.randrange(len(tokens)))
+            channel.close_shard(token)
+            next(slot for slot in model.slots if slot[0] is token)[2] = True
+        else:
+            max_items = rng.choice([1, 2, 7, 64, 4096])
+            max_bytes = rng.choice([0, 1, 50, 1000, 20_000, 1 << 30])
+            released: list[int] = []
+            got = channel.take(max_items, max_bytes, 0.0, released.append, lambda: None)[0]
+            want, nbytes = model.take(max_items, max_bytes)
+            assert (got, sum(released)) == (want, nbytes)
+            assert channel.stopped == model.stopped
+    assert n > 15_000 and stops >= 1
+    for _ in range(100):  # drain what is left: the same again
+        got = channel.take(4096, 1 << 30, 0.0, lambda nbytes: None, lambda: None)[0]
+        assert got == model.take(4096, 1 << 30)[0]
+
+
+def test_a_long_queue_compacts_and_keeps_its_order() -> None:
+    """Items taken in small bites while more arrive: the taken part is dropped from the lists now and then, and the
+    items and the stop after them come out in the order they went in."""
+    from wds_async.engine.channel import _END, _Queue
+
+    queue = _Queue()
+    out: list[Any] = []
+    compacted = False
+    for i in range(20_000):
+        queue.append(i, 1)
+        if i % 3 == 0:
+            items, taken, stopped = queue.take(2, 1 << 30, True)
+            assert taken == len(items) and not stopped
+            out += items
+            compacted = compacted or (0 < queue.head < 4096 and out[-1] > 4096)
+    queue.append_stop(_END)
+    while True:
+        items, taken, stopped = queue.take(500, 300, True)
+        out += items
+        if stopped:
+            break
+    assert compacted
+    assert out == list(range(20_000)) and len(queue) == 0

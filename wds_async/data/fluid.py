@@ -164,11 +164,16 @@ class FluidPipeline(IterableDataset):  # type: ignore[type-arg]
             before = counters[1]
             with contextlib.closing(self._iterate_once(run, resume)) as items:
                 resume = None
-                for item in items:
-                    counters[1] += 1
-                    yield item
-                    if 0 < limit <= counters[1]:
-                        return
+                if limit > 0:
+                    for item in items:
+                        counters[1] += 1
+                        yield item
+                        if limit <= counters[1]:
+                            return
+                else:  # the common case, once per item: no limit to check
+                    for item in items:
+                        counters[1] += 1
+                        yield item
             if counters[1] == before:
                 return  # an empty stream never loops
             counters[0] += 1
