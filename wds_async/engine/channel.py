@@ -180,7 +180,10 @@ class SampleChannel:
         with self._lock:
             if self._abandoned:
                 raise ChannelClosed()
-            self._queue_for(token).append(sample, nbytes)
+            # Once per sample on the loop thread, the busier one: no call for the queue or its append.
+            queue = self._slot_of[token].queue if self.ordered else self._ready
+            queue.items.append(sample)
+            queue.sizes.append(nbytes)
             self._notify_locked()
         self.budget.clear_overdraft()
 
