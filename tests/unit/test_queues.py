@@ -133,7 +133,8 @@ def test_a_queued_sample_adds_no_object_for_the_garbage_collector(ordered: bool)
     finally:
         if was_enabled:
             gc.enable()
-    assert added < 20, f"{added} tracked objects for {len(samples)} queued samples"
+    # A pair per sample would be 2,000; other threads of the test session may allocate a few meanwhile.
+    assert added < len(samples) // 10, f"{added} tracked objects for {len(samples)} queued samples"
     items, _ = channel.take(len(samples), 1 << 30, 0.0, lambda n: None, lambda: None)
     assert items == samples
 
@@ -238,9 +239,9 @@ def test_takes_match_an_item_by_item_model(ordered: bool, seed: int) -> None:
 def test_a_long_queue_compacts_and_keeps_its_order() -> None:
     """Items taken in small bites while more arrive: the taken part is dropped from the lists now and then, and the
     items and the stop after them come out in the order they went in."""
-    from wds_async.engine.channel import _END, _Queue
+    from wds_async.engine.itemline import ItemLine
 
-    queue = _Queue()
+    queue = ItemLine()
     out: list[Any] = []
     compacted = False
     for i in range(20_000):
@@ -250,11 +251,11 @@ def test_a_long_queue_compacts_and_keeps_its_order() -> None:
             assert taken == len(items) and not stopped
             out += items
             compacted = compacted or (0 < queue.head < 4096 and out[-1] > 4096)
-    queue.append_stop(_END)
+    queue.append_stop("stop")
     while True:
         items, taken, stopped = queue.take(500, 300, True)
         out += items
         if stopped:
             break
     assert compacted
-    assert out == list(range(20_000)) and len(queue) == 0
+    assert out == [*range(20_000), "stop"] and len(queue) == 0

@@ -321,15 +321,11 @@ class WebDataset(FluidPipeline):
                 if not ep.items:
                     log.info("wds-async: this process has no work (%d shards for more ranks/workers)", len(self.urls))
                 return
-        count = 0
-        progress = ep.progress
+        count, progress = 0, ep.progress
         fresh = progress.done_below == 0 and not progress.done and not progress.pos
-
         positions, marks, pulled = progress.pos, run.marks, run.pulled
 
-        def on_sample(sample: Any) -> None:
-            # progress.delivered() and run.pull(), inline: this runs once per sample, and two calls were a fifth
-            # of the consumer's bytecodes per sample beside it.
+        def on_sample(sample: Any) -> None:  # progress.delivered() and run.pull() inline: once per sample
             positions[sample.item] = sample.end
             if marks:  # only taps read positions: without a stateful stage nothing would ever drop them
                 pulled.append([sample.item, sample.offset, sample.end])

@@ -22,15 +22,14 @@
 from __future__ import annotations
 
 import asyncio
-import bisect
 import collections
-import itertools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ..io.budget import ByteBudget
+from .itemline import ItemLine
 
 __all__ = ["ChannelClosed", "RoutedChannel", "SampleChannel"]
 
@@ -39,97 +38,11 @@ class ChannelClosed(Exception):
     """Raised to a reader that tries to put into a channel the consumer has abandoned."""
 
 
-class _Queue:
-    """Items in line and their sizes in bytes, in two lists read from ``head`` on, and where the stops are (errors and
-    the end marker, which end a take).
-
-    * **No object per item.** A deque of ``(item, size)`` pairs made one tuple per sample that lives as long as the
-      sample waits, and one the garbage collector tracks (it holds a sample): with a buffer of small samples, tens of
-      thousands reached the oldest generation per refill, and each time a quarter of the process's objects got there
-      that way Python ran a full collection over the whole heap (1 KiB samples, 210k in one pass: 10-11 full
-      collections, 1.0-1.1 s, against 6 and 0.55 s without the pairs).
-    * **A take is a few C calls, not a loop.** The consumer takes up to a hand-off of items at once under the
-      channel's lock: one slice of each list, and the byte bound found by bisecting the running sum of the sizes.
-      Item by item in Python, that loop was the largest share of the consumer's bytecodes per sample (about 65 of
-      230 for a plain dataset).
-    * The lists are compacted once the taken part is most of them (and at once when all of it is), so each item is
-      moved at most a few times.
-    """
-
-    __slots__ = ("head", "items", "sizes", "stops")
-
-    def __init__(self) -> None:
-        self.items: list[Any] = []
-        self.sizes: list[int] = []
-        self.head = 0  # items[:head] were taken
-        self.stops: collections.deque[int] = collections.deque()  # indices of the errors and end markers
-
-    def __len__(self) -> int:
-        return len(self.items) - self.head
-
-    def append(self, item: Any, nbytes: int) -> None:
-        self.items.append(item)
-        self.sizes.append(nbytes)
-
-    def append_stop(self, item: Any) -> None:
-        """An error or the end marker: a take ends with it."""
-        self.stops.append(len(self.items))
-        self.append(item, 0)
-
-    def take(self, max_items: int, max_bytes: int, at_least_one: bool) -> tuple[list[Any], int, bool]:
-        """``(items, bytes, stopped)``: up to ``max_items`` from the head, as many as fit in ``max_bytes`` (one more
-        with ``at_least_one`` when the first does not), through the first stop. ``stopped``: the take ended at a
-        stop, which is among the items if it is an error and left out if it is the end marker."""
-        head = self.head
-        end = min(len(self.items), head + max_items)
-        stops = self.stops
-        stopped = bool(stops) and stops[0] < end
-        if stopped:
-            end = stops[0] + 1
-        if end <= head:
-            return [], 0, False
-        sizes = self.sizes[head:end]
-        taken = sum(sizes)
-        if taken > max_bytes:
-            fits = list(itertools.accumulate(sizes))
-            count = bisect.bisect_right(fits, max_bytes)
-            if count == 0:
-                if not at_least_one:
-                    return [], 0, False
-                count = 1
-            if count < end - head:
-                stopped = False
-                end = head + count
-            taken = fits[count - 1]
-        items = self.items[head:end]
-        if stopped:
-            stops.popleft()
-            if items[-1] is _END:
-                items.pop()
-        self.head = end
-        if end == len(self.items):
-            self.clear()
-        elif end >= 4096 and 2 * end >= len(self.items):
-            del self.items[:end], self.sizes[:end]
-            self.stops = collections.deque(i - end for i in stops)
-            self.head = 0
-        return items, taken, stopped
-
-    def nbytes(self) -> int:
-        return sum(self.sizes[self.head:])
-
-    def clear(self) -> None:
-        self.items.clear()
-        self.sizes.clear()
-        self.stops.clear()
-        self.head = 0
-
-
 @dataclass
 class _Slot:
     """One shard's place in an ordered channel."""
 
-    queue: _Queue
+    queue: ItemLine
     closed: bool = False
 
 
@@ -152,7 +65,7 @@ class SampleChannel:
     def __init__(self, budget: ByteBudget, *, ordered: bool) -> None:
         self.budget = budget
         self.ordered = ordered
-        self._ready = _Queue()
+        self._ready = ItemLine()
         self._slots: collections.deque[tuple[object, _Slot]] = collections.deque()
         self._slot_of: dict[object, _Slot] = {}
         self._finished = False
@@ -167,12 +80,12 @@ class SampleChannel:
     def open_shard(self, token: object, route: int | None = None) -> None:
         """Place a work item (``token``) in line; ``route`` is for a :class:`RoutedChannel` and ignored here."""
         if self.ordered:
-            slot = _Slot(_Queue())
+            slot = _Slot(ItemLine())
             with self._lock:
                 self._slots.append((token, slot))
                 self._slot_of[token] = slot
 
-    def _queue_for(self, token: object) -> _Queue:
+    def _queue_for(self, token: object) -> ItemLine:
         return self._slot_of[token].queue if self.ordered else self._ready
 
     def put(self, token: object, sample: Any, nbytes: int) -> None:
@@ -259,7 +172,7 @@ class SampleChannel:
             token, _ = self._slots.popleft()
             del self._slot_of[token]
 
-    def _head(self) -> _Queue | None:
+    def _head(self) -> ItemLine | None:
         if not self.ordered:
             return self._ready
         self._advance()
@@ -286,12 +199,14 @@ class SampleChannel:
             if head is None or not head:
                 break
             more, nbytes, stopped = head.take(max_items - len(items), max_bytes - taken, not items)
-            if not more and not stopped:
+            if not more:
                 break
             items += more
             taken += nbytes
-        if stopped:
+        if stopped:  # an error (delivered: the consumer raises it) or the end marker (not delivered)
             self._stopped = True
+            if items[-1] is _END:
+                items.pop()
         return items, taken
 
     def take(self, max_items: int, max_bytes: int, timeout: float, release: Callable[[int], None],
