@@ -143,14 +143,23 @@ def test_member_is_immutable_and_its_repr_leaves_out_the_data() -> None:
 
 
 def test_positions_are_kept_only_while_a_tap_reads_them() -> None:
+    from wds_async.engine.grouping import Sample
+
+    def sample(item: int, offset: int, end: int) -> Sample:
+        s = Sample()
+        s.item, s.offset, s.end = item, offset, end
+        return s
+
     run = _Pass()
+    positions: dict[int, int] = {}
+    record = run.recorder(positions)
     for k in range(10):
-        run.pull([0, k, k + 1])
-    assert run.pulled == []
+        record(sample(0, k, k + 1))
+    assert run.pulled == [] and positions == {0: 10}
     got = list(run.tap(iter("ab"), 0))
     assert [item for item, _ in got] == ["a", "b"]
-    run.pull([0, 10, 11])
-    assert run.pulled[-1] == [0, 10, 11]
+    record(sample(3, 10, 11))
+    assert run.pulled[-1] == [3, 10, 11] and positions == {0: 10, 3: 11}
 
 
 class _Content:

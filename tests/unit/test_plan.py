@@ -45,16 +45,16 @@ def test_shares_are_equal_and_cover_every_sample(runs: list[tuple[int, int, int]
 
 def test_progress_compacts_done_items_and_resumes_partial_ones() -> None:
     progress = Progress()
-    progress.delivered(0, 1024)
+    progress.pos[0] = 1024  # a sample of item 0 ending at byte 1024 was delivered
     progress.finished(1)
     progress.finished(0)
-    progress.delivered(2, 3072)
+    progress.pos[2] = 3072
     assert progress.to_dict() == {"done_below": 2, "done": [], "pos": [[2, 3072]]}
     restored = Progress.from_dict(progress.to_dict())
     item = WorkItem(id=2, shard=5, url="u", start=0, end=4096)
     assert restored.resume(item) == WorkItem(id=2, shard=5, url="u", start=3072, end=4096)
     assert restored.resume(WorkItem(id=0, shard=0, url="u")) is None
-    restored.delivered(2, 4096)
+    restored.pos[2] = 4096
     assert restored.resume(item) is None  # every sample of a bounded range was delivered
 
 

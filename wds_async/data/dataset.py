@@ -321,16 +321,10 @@ class WebDataset(FluidPipeline):
                 if not ep.items:
                     log.info("wds-async: this process has no work (%d shards for more ranks/workers)", len(self.urls))
                 return
-        count, progress = 0, ep.progress
+        count = 0
+        progress = ep.progress
         fresh = progress.done_below == 0 and not progress.done and not progress.pos
-        positions, marks, pulled = progress.pos, run.marks, run.pulled
-
-        def on_sample(sample: Any) -> None:  # progress.delivered() and run.pull() inline: once per sample
-            positions[sample.item] = sample.end
-            if marks:  # only taps read positions: without a stateful stage nothing would ever drop them
-                pulled.append([sample.item, sample.offset, sample.end])
-
-        samples = self._engine(todo, stats, on_sample=on_sample, on_item_done=progress.finished)
+        samples = self._engine(todo, stats, on_sample=run.recorder(progress.pos), on_item_done=progress.finished)
         set_path = _path_setter() if self._local else None
         # DataLoader workers only (see stats()); a mix's source leaves that to the mix, which owns the engine.
         stop_publishing = self._worker_stats.publish(stats) if self._shared is None else _no_publishing

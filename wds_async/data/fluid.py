@@ -62,10 +62,19 @@ class _Pass:
         self.runners: dict[int, Runner] = {}
         self.source: Any = None  # what the source keeps for its own state (set by the source)
 
-    def pull(self, position: list[int]) -> None:
-        # Only taps read positions (and trim them); with no stateful stage nothing would ever drop them.
-        if self.marks:
-            self.pulled.append(position)
+    def recorder(self, positions: dict[int, int]) -> Callable[[Any], None]:
+        """The callback a source calls with each sample it yields (a sample that carries ``item``, ``offset`` and
+        ``end``): ``positions[item] = end``, and ``[item, offset, end]`` appended to ``pulled`` while a tap reads them
+        (with no stateful stage nothing would ever drop them). One call per sample and no call inside it: this runs
+        for every sample, and two method calls were a fifth of the consumer's bytecodes per sample beside it."""
+        marks, pulled = self.marks, self.pulled
+
+        def record(sample: Any) -> None:
+            positions[sample.item] = sample.end
+            if marks:
+                pulled.append([sample.item, sample.offset, sample.end])
+
+        return record
 
     def tap(self, stream: Iterable[Any], k: int) -> Iterator[tuple[Any, list[list[int]]]]:
         self.marks[k] = self.first + len(self.pulled)
@@ -96,7 +105,7 @@ class FluidPipeline(IterableDataset):  # type: ignore[type-arg]
     _current: tuple[_Pass, list[int]] | None = None
 
     def _source(self, run: _Pass, resume: dict[str, Any] | None) -> Iterator[Any]:
-        """A fresh iterator over the source; calls ``run.pull(position)`` for each item when it can."""
+        """A fresh iterator over the source; records each item's position with ``run.recorder()`` when it can."""
         raise NotImplementedError
 
     def _source_state(self, run: _Pass | None) -> dict[str, Any] | None:

@@ -28,15 +28,12 @@ STATE_VERSION = 1
 
 @dataclass
 class Progress:
-    """Delivery progress of one process's plan (see the module docstring)."""
+    """Delivery progress of one process's plan (see the module docstring). ``pos`` maps an item in flight to the
+    byte just past its last delivered sample; the source writes it once per sample (``_Pass.recorder``)."""
 
     done_below: int = 0
     done: set[int] = field(default_factory=set)
     pos: dict[int, int] = field(default_factory=dict)
-
-    def delivered(self, item: int, end: int) -> None:
-        """A sample of ``item`` ending at byte ``end`` reached the consumer."""
-        self.pos[item] = end
 
     def finished(self, item: int) -> None:
         """Every sample of ``item`` reached the consumer."""
