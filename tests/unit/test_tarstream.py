@@ -306,6 +306,14 @@ def test_pax_path_record() -> None:
     assert [(m.name, m.offset) for m in members] == [("zzz", 0)]
 
 
+def test_a_pax_path_of_only_slashes_names_the_member_as_tarfile_does() -> None:
+    """``path=/`` strips to an empty name, which still wins over the ustar name (tarfile reads ``""`` too)."""
+    raw = build([Entry("x.bin", data=b"abc", pax={"path": "/"})], tarfile.PAX_FORMAT)
+    members, _ = parse(raw)
+    with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+        assert [m.name for m in members] == tar.getnames() == [""]
+
+
 # -- errors ----------------------------------------------------------------------------------------
 
 

@@ -395,7 +395,7 @@ class TarParser:
             fields = parse_pax(data)
         except HeaderError as error:
             raise self._bad(str(error), self._entry_off) from None
-        if fields.path and self._next_name is None:
+        if fields.path is not None and self._next_name is None:  # "" too (path=/), as tarfile reads it
             self._next_name = fields.path
         if fields.size is not None and self._next_size is None:
             self._next_size = fields.size
