@@ -142,24 +142,100 @@ def test_member_is_immutable_and_its_repr_leaves_out_the_data() -> None:
         m.name = "b"  # type: ignore[misc]
 
 
-def test_positions_are_kept_only_while_a_tap_reads_them() -> None:
+def _sample(item: int, offset: int, end: int) -> Any:
     from wds_async.engine.grouping import Sample
 
-    def sample(item: int, offset: int, end: int) -> Sample:
-        s = Sample()
-        s.item, s.offset, s.end = item, offset, end
-        return s
+    s = Sample()
+    s.item, s.offset, s.end = item, offset, end
+    return s
 
+
+def test_positions_are_kept_only_while_a_tap_reads_them() -> None:
     run = _Pass()
     positions: dict[int, int] = {}
-    record = run.recorder(positions)
-    for k in range(10):
-        record(sample(0, k, k + 1))
+    done: list[int] = []
+    recorder = run.recorder(positions, lambda item: (done.append(item), positions.pop(item)))
+    assert [s.end for s in recorder.run([_sample(0, k, k + 1) for k in range(10)])] == list(range(1, 11))
+    run.flush()
     assert run.pulled == [] and positions == {0: 10}
     got = list(run.tap(iter("ab"), 0))
     assert [item for item, _ in got] == ["a", "b"]
-    record(sample(3, 10, 11))
+    list(recorder.run([_sample(3, 10, 11)]))
     assert run.pulled[-1] == [3, 10, 11] and positions == {0: 10, 3: 11}
+    recorder.item_done(3)
+    assert done == [3] and positions == {0: 10}
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_delivery_in_runs_records_what_one_sample_at_a_time_would(seed: int) -> None:
+    """deliver() hands over runs between markers and writes positions lazily; checked against the definition,
+    one sample at a time: at any point (a checkpoint), ``positions`` holds the end of the last delivered sample of
+    every item not yet finished, the finished items were reported in order, and an error is raised just after
+    the samples before it."""
+    import random
+
+    from wds_async.data.pipeline import deliver
+    from wds_async.engine.work import ItemDone
+
+    rng = random.Random(seed)
+    batches: list[list[Any]] = []
+    stream: list[Any] = []
+    ends = {item: 0 for item in range(6)}
+    open_items = list(ends)
+    while open_items and len(stream) < 300:
+        item = rng.choice(open_items[:2] if rng.random() < 0.8 else open_items)  # interleaved, as unordered reads
+        if rng.random() < 0.15:
+            stream.append(ItemDone(item))
+            open_items.remove(item)
+            continue
+        size = rng.randint(1, 9)
+        stream.append(_sample(item, ends[item], ends[item] + size))
+        ends[item] += size
+    if rng.random() < 0.3:
+        stream.insert(rng.randint(0, len(stream)), ValueError("boom"))
+    at = 0
+    while at < len(stream):
+        n = rng.randint(1, 12)
+        batches.append(stream[at:at + n])
+        at += n
+    run = _Pass()
+    positions: dict[int, int] = {}
+    finished: list[int] = []
+
+    def finish(item: int) -> None:  # as Progress.finished: the item is done, its position dropped
+        finished.append(item)
+        positions.pop(item, None)
+
+    samples = deliver(iter(batches), recorder=run.recorder(positions, finish))
+    want_positions: dict[int, int] = {}
+    want_finished: list[int] = []
+    model = iter(stream)
+    while True:
+        try:
+            got = next(samples)
+        except ValueError:
+            error = next(model)
+            while isinstance(error, (ItemDone, type(_sample(0, 0, 0)))):
+                if isinstance(error, ItemDone):
+                    want_positions.pop(error.id, None)
+                    want_finished.append(error.id)
+                error = next(model)
+            assert isinstance(error, ValueError)
+            break
+        except StopIteration:
+            assert all(isinstance(x, ItemDone) for x in model)
+            break
+        want = next(model)
+        while isinstance(want, ItemDone):
+            want_positions.pop(want.id, None)
+            want_finished.append(want.id)
+            want = next(model)
+        assert not isinstance(want, ValueError), "the error was not raised in position"
+        assert got is want
+        want_positions[want.item] = want.end
+        if rng.random() < 0.3:  # a checkpoint here
+            run.flush()
+            assert positions == want_positions and finished == want_finished
 
 
 class _Content:

@@ -321,23 +321,28 @@ class WebDataset(FluidPipeline):
                 if not ep.items:
                     log.info("wds-async: this process has no work (%d shards for more ranks/workers)", len(self.urls))
                 return
-        count = 0
         progress = ep.progress
         fresh = progress.done_below == 0 and not progress.done and not progress.pos
-        samples = self._engine(todo, stats, on_sample=run.recorder(progress.pos), on_item_done=progress.finished)
+        samples = self._engine(todo, stats, recorder=run.recorder(progress.pos, progress.finished))
         set_path = _path_setter() if self._local else None
         # DataLoader workers only (see stats()); a mix's source leaves that to the mix, which owns the engine.
         stop_publishing = self._worker_stats.publish(stats) if self._shared is None else _no_publishing
+        empty = True
         try:
-            for sample in samples:
-                count += 1
-                if set_path is not None:
+            if set_path is not None:
+                for sample in samples:
+                    empty = False
                     set_path(sample)
-                yield sample
+                    yield sample
+            else:
+                for sample in samples:  # the first sample; then no bytecode of ours per sample
+                    empty = False
+                    yield sample
+                    yield from samples
         finally:
             samples.close()
             stop_publishing()
-        if self.empty_check and fresh and count == 0 and stats.shards_skipped == 0:
+        if self.empty_check and fresh and empty and stats.shards_skipped == 0:
             first = getattr(todo[0], "url", None) if isinstance(todo, list) and todo else None
             raise EmptyShards(
                 f"no samples found in {len(todo) if isinstance(todo, list) else 'the'} shards of this "

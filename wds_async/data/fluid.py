@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import operator
 import random
 import sys
 from collections.abc import Callable, Generator, Iterable, Iterator
@@ -47,6 +48,79 @@ def _streaming(stage: Any) -> bool:
     return isinstance(stage, Stage) and stage.fn in _STREAMING
 
 
+_second = operator.itemgetter(1)
+
+
+def _position(numbered: enumerate[Any]) -> int:
+    """The number the next item of ``numbered`` would get: the items yielded so far (from its pickle form, the
+    one public view of an enumerate's count)."""
+    return int(numbered.__reduce__()[1][1])  # type: ignore[index]
+
+
+_item_of = operator.attrgetter("item")
+_end_of = operator.attrgetter("end")
+
+
+class Recorder:
+    """Where a source's delivered samples leave each work item, for checkpoints: ``positions[item]`` is the end
+    offset of the item's last sample delivered, and ``finished(item)`` runs once all of them were.
+
+    The source hands its samples over in runs of one hand-off list that hold no end-of-item marker
+    (:func:`~wds_async.data.pipeline.deliver`), and :meth:`run` returns what to yield for each. Where no stateful
+    stage taps the positions, that is the run's own list iterator, so no bytecode of ours runs per sample, and the
+    positions of the samples it has yielded (its length less what is left in the iterator) are written at the
+    next run, the next end of an item, or a checkpoint (:meth:`flush`). Where a tap reads ``[item, offset, end]``
+    of every sample as the stage takes it, each is recorded as it is yielded."""
+
+    __slots__ = ("_ahead", "_marks", "_pulled", "_samples", "finished", "positions")
+
+    def __init__(self, positions: dict[int, int], finished: Callable[[int], None], marks: dict[int, int],
+                 pulled: list[list[int]]) -> None:
+        self.positions = positions
+        self.finished = finished
+        self._marks = marks
+        self._pulled = pulled
+        self._samples: list[Any] = []  # the run being yielded, and its iterator
+        self._ahead: Iterator[Any] = iter(self._samples)
+
+    def run(self, samples: list[Any]) -> Iterator[Any]:
+        """What to yield for ``samples``, a run of samples without end-of-item markers."""
+        self.flush()
+        if self._marks:
+            return self._each(samples)
+        self._samples = samples
+        self._ahead = ahead = iter(samples)
+        return ahead
+
+    def _each(self, samples: list[Any]) -> Iterator[Any]:
+        positions, pulled = self.positions, self._pulled
+        for sample in samples:
+            positions[sample.item] = sample.end
+            pulled.append([sample.item, sample.offset, sample.end])
+            yield sample
+
+    def flush(self) -> None:
+        """Write the positions of the current run's samples yielded so far."""
+        samples = self._samples
+        taken = len(samples) - operator.length_hint(self._ahead)
+        if taken:
+            done = samples if taken == len(samples) else samples[:taken]
+            self.positions.update(zip(map(_item_of, done), map(_end_of, done)))
+
+    def close(self) -> None:
+        """The source stopped: write what was delivered, and keep no samples."""
+        self.flush()
+        self._samples = []
+        self._ahead = iter(self._samples)
+
+    def item_done(self, item: int) -> None:
+        """Every sample of ``item`` was delivered."""
+        self.flush()
+        self._samples = []  # written: a later flush must not bring back the position finished() drops
+        self._ahead = iter(self._samples)
+        self.finished(item)
+
+
 class _Pass:
     """One pass over the source: the stage runners, and the source positions each of them consumed.
 
@@ -61,20 +135,20 @@ class _Pass:
         self.marks: dict[int, int] = {}
         self.runners: dict[int, Runner] = {}
         self.source: Any = None  # what the source keeps for its own state (set by the source)
+        self.recorders: list[Recorder] = []
+        self.numbered: enumerate[Any] | None = None  # counts the items yielded, where no limit needs a count per item
 
-    def recorder(self, positions: dict[int, int]) -> Callable[[Any], None]:
-        """The callback a source calls with each sample it yields (a sample that carries ``item``, ``offset`` and
-        ``end``): ``positions[item] = end``, and ``[item, offset, end]`` appended to ``pulled`` while a tap reads them
-        (with no stateful stage nothing would ever drop them). One call per sample and no call inside it: this runs
-        for every sample, and two method calls were a fifth of the consumer's bytecodes per sample beside it."""
-        marks, pulled = self.marks, self.pulled
+    def recorder(self, positions: dict[int, int], finished: Callable[[int], None]) -> Recorder:
+        """The :class:`Recorder` of a source's samples in this pass: ``positions[item] = end`` of each sample
+        delivered, ``finished(item)`` after an item's last one; flushed by :meth:`flush` before a checkpoint."""
+        recorder = Recorder(positions, finished, self.marks, self.pulled)
+        self.recorders.append(recorder)
+        return recorder
 
-        def record(sample: Any) -> None:
-            positions[sample.item] = sample.end
-            if marks:
-                pulled.append([sample.item, sample.offset, sample.end])
-
-        return record
+    def flush(self) -> None:
+        """Bring the positions of every recorder of this pass up to the samples delivered so far."""
+        for recorder in self.recorders:
+            recorder.flush()
 
     def tap(self, stream: Iterable[Any], k: int) -> Iterator[tuple[Any, list[list[int]]]]:
         self.marks[k] = self.first + len(self.pulled)
@@ -179,10 +253,13 @@ class FluidPipeline(IterableDataset):  # type: ignore[type-arg]
                         yield item
                         if limit <= counters[1]:
                             return
-                else:  # the common case, once per item: no limit to check
-                    for item in items:
-                        counters[1] += 1
-                        yield item
+                else:  # the common case: no limit to check, so no bytecode of ours per item
+                    run.numbered = numbered = enumerate(items, counters[1])
+                    try:
+                        yield from map(_second, numbered)
+                    finally:  # closed early too: a pass pickles (for spawned workers) without its generator
+                        counters[1] = _position(numbered)
+                        run.numbered = None
             if counters[1] == before:
                 return  # an empty stream never loops
             counters[0] += 1
@@ -194,6 +271,9 @@ class FluidPipeline(IterableDataset):  # type: ignore[type-arg]
         if self._pending is not None:
             return self._pending
         run, counters = self._current if self._current is not None else (None, [0, 0])
+        count = counters[1] if run is None or run.numbered is None else _position(run.numbered)
+        if run is not None:
+            run.flush()
         stages: list[dict[str, Any] | None] = []
         for k, stage in enumerate(self._stages):
             runner = run.runners.get(k) if run is not None else None
@@ -209,7 +289,7 @@ class FluidPipeline(IterableDataset):  # type: ignore[type-arg]
                     raise ValueError(f"cannot checkpoint {stage!r} while it holds items: {why}")
             stages.append({"state": runner.state_dict(), "held": held})
         return {"wds_async": STATE_VERSION, "source": self._source_state(run), "stages": stages,
-                "reps": counters[0], "count": counters[1]}
+                "reps": counters[0], "count": count}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state`` at the next ``iter()``: one from :meth:`state_dict` of this process, or
