@@ -88,16 +88,17 @@ def deliver(batches: Iterator[list[Any]], close: Callable[[], None] | None = Non
     A list is yielded in runs between its end-of-item markers, found at C speed (``list.count``, ``list.index``
     over the items' types), each run through ``yield from``: no bytecode of ours per sample. A list that holds an
     error goes item by item."""
+    runs: Callable[[list[Any]], Iterator[Any]] = recorder.run if recorder is not None else iter
     try:
         for batch in batches:
             kinds = list(map(type, batch))
             n = len(batch)
             plain = kinds.count(Sample)
             if plain == n:
-                yield from (recorder.run(batch) if recorder is not None else batch)
+                yield from runs(batch)
                 continue
             if plain + kinds.count(ItemDone) < n:
-                yield from _one_by_one(batch, recorder)
+                yield from _one_by_one(batch, runs, recorder)
                 continue
             start = 0
             while start < n:
@@ -106,8 +107,7 @@ def deliver(batches: Iterator[list[Any]], close: Callable[[], None] | None = Non
                 except ValueError:
                     stop = n
                 if stop > start:
-                    run = batch[start:stop]
-                    yield from (recorder.run(run) if recorder is not None else run)
+                    yield from runs(batch[start:stop])
                 if stop < n and recorder is not None:
                     recorder.item_done(batch[stop].id)
                 start = stop + 1
@@ -121,7 +121,8 @@ def deliver(batches: Iterator[list[Any]], close: Callable[[], None] | None = Non
             close()
 
 
-def _one_by_one(batch: list[Any], recorder: Recorder | None) -> Generator[Any, None, None]:
+def _one_by_one(batch: list[Any], runs: Callable[[list[Any]], Iterator[Any]],
+                recorder: Recorder | None) -> Generator[Any, None, None]:
     """A list that holds an error: its samples up to the error, in runs, then the error raised."""
     run: list[Any] = []
     for item in batch:
@@ -130,7 +131,7 @@ def _one_by_one(batch: list[Any], recorder: Recorder | None) -> Generator[Any, N
             run.append(item)
             continue
         if run:
-            yield from (recorder.run(run) if recorder is not None else run)
+            yield from runs(run)
             run = []
         if kind is ItemDone:
             if recorder is not None:
@@ -138,7 +139,7 @@ def _one_by_one(batch: list[Any], recorder: Recorder | None) -> Generator[Any, N
         else:
             raise item
     if run:
-        yield from (recorder.run(run) if recorder is not None else run)
+        yield from runs(run)
 
 
 def tarfile_samples(src: Iterable[Any], handler: Callable[[BaseException], bool] | str | None = reraise_exception,
