@@ -150,6 +150,11 @@ class BalancedDraws(Chooser):
         self._skip = 0  # picks of the next block already taken (from a loaded state)
         self._rebuild()
 
+    def _no_block(self) -> None:
+        self._mark = None
+        self._block = []
+        self._ahead = iter(self._block)
+
     def _due(self, i: int) -> float:
         u = self.rng.random()
         return (self.count[i] + u) / self.weights[i] if self.weights[i] > 0 else math.inf
@@ -195,9 +200,7 @@ class BalancedDraws(Chooser):
         taken = self._taken()
         self._load(self._mark)
         self._pick_many(taken)
-        self._mark = None
-        self._block = []
-        self._ahead = iter(self._block)
+        self._no_block()
 
     def drop(self, i: int) -> None:
         self._settle()
@@ -224,9 +227,7 @@ class BalancedDraws(Chooser):
 
     def load(self, state: dict[str, Any]) -> None:
         self._load(state)
-        self._mark = None
-        self._block = []
-        self._ahead = iter(self._block)
+        self._no_block()
         self._skip = int(state.get("skip", 0))
 
 

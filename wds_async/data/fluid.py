@@ -115,9 +115,7 @@ class Recorder:
 
     def item_done(self, item: int) -> None:
         """Every sample of ``item`` was delivered."""
-        self.flush()
-        self._samples = []  # written: a later flush must not bring back the position finished() drops
-        self._ahead = iter(self._samples)
+        self.close()  # written and dropped: a later flush must not bring back the position finished() drops
         self.finished(item)
 
 
