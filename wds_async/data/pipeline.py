@@ -27,8 +27,9 @@ from ..engine.spec import StreamSpec
 from ..engine.work import ItemDone
 from ..stats import Stats
 from ._torch import DataLoader, IterableDataset, require_torch
-from .fluid import FluidPipeline, Recorder
+from .fluid import FluidPipeline
 from .handlers import reraise_exception, resolve_handler
+from .recorder import Recorder
 from .stages.base import Stage
 from .topology import node_info, worker_info
 
@@ -62,7 +63,7 @@ def stream_samples(urls: Iterable[Any], spec: StreamSpec, *, stats: Stats | None
     (samples, end-of-item markers, errors to raise), consumed here by one loop, so planning, callbacks and
     checkpoints are the same either way.
 
-    ``recorder`` (a :class:`~wds_async.data.fluid.Recorder`) is told the positions of the samples yielded and
+    ``recorder`` (a :class:`~wds_async.data.recorder.Recorder`) is told the positions of the samples yielded and
     each work item whose samples were all yielded: what a checkpoint needs to know."""
     stats = stats if stats is not None else Stats()
     batches: Generator[list[Any], None, None] | Iterator[list[Any]]
