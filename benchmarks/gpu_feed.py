@@ -14,8 +14,8 @@ step: ``torch.cuda._sleep``, calibrated against CUDA events) and waits for the s
 Checked first: sample dicts come through ``pin_memory=True`` unchanged, and batches torch collates from them
 arrive pinned. Checked for every loader (the run fails otherwise): every batch arrives in pinned memory, every sample arrives
 exactly once, and the GPU's checksum equals the bytes the shards hold. Reported: samples/s, MB/s of shards, the
-time the loop waited in ``next()`` and the GPU's busy share of the wall time (steps x step time / wall). No
-assertions about speed: figures.
+time the loop waited in ``next()`` (and for the first batch), and the GPU's busy share of the wall time (steps x
+step time / wall). No assertions about speed: figures.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def run(kind: str, urls: list[str], args: argparse.Namespace, cycles: float) -> 
     loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=args.workers, pin_memory=True)
     checksum = torch.zeros((), dtype=torch.int64, device="cuda")
     keys: list[str] = []
-    wait = steps = 0.0
+    wait = steps = first = 0.0
     unpinned = 0
     started = time.perf_counter()
     it = iter(loader)
@@ -123,6 +123,8 @@ def run(kind: str, urls: list[str], args: argparse.Namespace, cycles: float) -> 
         wait += time.perf_counter() - t
         if batch is None:
             break
+        if not steps:
+            first = time.perf_counter() - started
         x, _y, names = batch
         unpinned += not x.is_pinned()
         keys.extend(names)
@@ -132,7 +134,7 @@ def run(kind: str, urls: list[str], args: argparse.Namespace, cycles: float) -> 
         steps += 1
     wall = time.perf_counter() - started
     return {"loader": kind, "samples": len(keys), "distinct": len(set(keys)), "unpinned_batches": unpinned,
-            "checksum": int(checksum.item()), "wall_s": wall, "wait_s": wait, "steps": steps,
+            "checksum": int(checksum.item()), "wall_s": wall, "wait_s": wait, "first_batch_s": first, "steps": steps,
             "gpu_busy": steps * args.step_ms / 1000 / wall}
 
 
@@ -179,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                 failed.append(kind)
             mb = sum(path.stat().st_size for path in paths) / r["wall_s"] / 1e6
             print(f"{kind:10s} {r['samples'] / r['wall_s']:8.0f} samples/s {mb:7.1f} MB/s  wall {r['wall_s']:6.2f} s"
-                  f"  waited {r['wait_s']:6.2f} s  GPU busy {r['gpu_busy']:5.1%}  "
+                  f"  waited {r['wait_s']:6.2f} s (first batch {r['first_batch_s']:4.2f})  GPU busy {r['gpu_busy']:5.1%}  "
                   f"{'exactly once, pinned, checksum equal' if ok else 'CHECK FAILED: ' + json.dumps(r)}")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "expected_checksum": want, "results": results},
