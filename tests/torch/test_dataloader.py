@@ -72,3 +72,15 @@ def test_shardshuffle_is_per_epoch_and_identical_across_processes(pattern: str) 
     assert ds.shard_list() == first  # same epoch, same order (every rank/worker computes the same)
     ds.set_epoch(1)
     assert ds.shard_list() != first
+
+
+def test_pin_memory_keeps_samples_whole(pattern: str) -> None:
+    """What ``DataLoader(pin_memory=True)``'s pinning thread does to a sample (torch's ``pin_memory`` function, whose
+    dict path runs without a GPU): the same type, fields and positions. On a CUDA machine,
+    ``python -m benchmarks.gpu_feed`` checks the whole DataLoader path and that batches arrive pinned."""
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    for sample in wds.WebDataset(pattern, max_connections=4).slice(5):
+        pinned = pin_memory(sample)
+        assert type(pinned) is type(sample) and dict(pinned) == dict(sample)
+        assert (pinned.item, pinned.offset, pinned.end) == (sample.item, sample.offset, sample.end)
