@@ -104,7 +104,8 @@ def run(kind: str, urls: list[str], args: argparse.Namespace, cycles: float) -> 
     if kind == "wds-async":
         import wds_async as wds
 
-        ds: Any = wds.WebDataset(urls, shardshuffle=False)
+        options = {} if args.max_connections == "auto" else {"max_connections": int(args.max_connections)}
+        ds: Any = wds.WebDataset(urls, shardshuffle=False, **options)
     else:
         import webdataset
 
@@ -155,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--crop", type=parse_size, default=64 << 10, help="bytes of each sample sent to the GPU")
     p.add_argument("--step-ms", type=float, default=20.0, help="GPU time per batch (default 20 ms)")
+    p.add_argument("--max-connections", default="auto", help="wds-async's max_connections per worker (default auto)")
     p.add_argument("--loaders", default="wds-async,webdataset")
     p.add_argument("--root", default=str(ROOT / ".bench" / "gpu"))
     p.add_argument("--json", help="write the results here")
