@@ -166,6 +166,19 @@ def test_positions_are_kept_only_while_a_tap_reads_them() -> None:
     assert done == [3] and positions == {0: 10}
 
 
+def test_a_run_recorded_one_by_one_is_not_undone_by_the_run_before() -> None:
+    """A run written lazily, then one recorded sample by sample (a tap reads positions): a checkpoint sees the later
+    position of the item, not the earlier run's written again."""
+    run = _Pass()
+    positions: dict[int, int] = {}
+    recorder = run.recorder(positions, positions.pop)
+    list(recorder.run([_sample(0, k, k + 1) for k in range(5)]))
+    run.marks[0] = 0  # a tap starts reading positions
+    list(recorder.run([_sample(0, k, k + 1) for k in range(5, 10)]))
+    run.flush()
+    assert positions == {0: 10}
+
+
 @pytest.mark.parametrize("seed", range(30))
 def test_delivery_in_runs_records_what_one_sample_at_a_time_would(seed: int) -> None:
     """deliver() hands over runs between markers and writes positions lazily; checked against the definition,

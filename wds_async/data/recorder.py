@@ -41,7 +41,7 @@ class Recorder:
 
     def run(self, samples: list[Any]) -> Iterator[Any]:
         """What to yield for ``samples``, a run of samples without end-of-item markers."""
-        self.flush()
+        self.close()  # the last run written and dropped: a flush only ever concerns the current run
         if self._marks:
             return self._each(samples)
         self._samples = samples

@@ -29,7 +29,7 @@ STATE_VERSION = 1
 @dataclass
 class Progress:
     """Delivery progress of one process's plan (see the module docstring). ``pos`` maps an item in flight to the
-    byte just past its last delivered sample; the source writes it once per sample (``_Pass.recorder``)."""
+    byte just past its last delivered sample, written by the pass's :class:`~wds_async.data.recorder.Recorder`."""
 
     done_below: int = 0
     done: set[int] = field(default_factory=set)

@@ -197,7 +197,7 @@ class SampleChannel:
         # Ordered: a shard that ended and was taken to its end gives way to the next one, within the same bounds.
         while self.ordered and not stopped and not head and len(items) < max_items:
             head = self._head()
-            if head is None or not head:
+            if not head:
                 break
             more, nbytes, stopped = head.take(max_items - len(items), max_bytes - taken, not items)
             if not more:
