@@ -7,6 +7,8 @@ the consumption (a consumer that waits on one route while the others' readers wa
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,10 +20,14 @@ from benchmarks.make_shards import make_shards
 from emustore import Knobs, StoreProcess
 from tests.conftest import engine_threads, queued_in, sample_digest, wait_until
 from wds_async.engine.channel import RoutedChannel
+from wds_async.engine.engine import Engine
+from wds_async.engine.feed import ItemFeed
 from wds_async.engine.grouping import sample_nbytes
-from wds_async.engine.shared import SharedEngine
+from wds_async.engine.limiter import Limiter
+from wds_async.engine.shared import LEAD, SharedEngine
 from wds_async.engine.spec import StreamSpec
 from wds_async.engine.work import ItemDone, WorkItem
+from wds_async.io import BackendSet
 from wds_async.io.budget import ByteBudget
 from wds_async.stats import Stats
 
@@ -210,8 +216,9 @@ def test_a_route_needs_shares(tmp_path: Path) -> None:
 
 def test_items_read_ahead_of_the_consumer_free_their_place_in_the_window(tmp_path: Path) -> None:
     """A route's window counts the items still being read, not those waiting in the buffer for the consumer:
-    with room in the budget, a route whose window of items is read keeps its readers busy with the next ones
-    (counting the buffered ones left readers idle and kept a mix's autotuner from seeing work waiting)."""
+    with room in the budget, a route submits ``LEAD`` windows of items, and the feed starts the next as soon as
+    a read ends, while the consumer is away (counting the buffered ones left readers idle and kept a mix's
+    autotuner from seeing work waiting); the route tops up again when its consumer comes back."""
     paths = [str(p) for p in make_shards(tmp_path, n_shards=9, shard_bytes=4 << 20, sample_bytes=256 << 10, seed=5)]
     spec = StreamSpec(wds.EngineConfig(max_connections=2, max_buffered_bytes=256 << 20, deterministic=True,
                                        handoff_max_bytes=4 << 20))
@@ -220,18 +227,19 @@ def test_items_read_ahead_of_the_consumer_free_their_place_in_the_window(tmp_pat
     try:
         engine.stats.concurrency = 2
         window = engine.window(0)
-        assert window == 2
+        assert window == 2 and LEAD * window < 9
         stream = engine.batches(iter(wds.WebDataset(paths).work_items()), 0)
         first = next(stream)  # part of the first item, none of its end
         assert not any(isinstance(x, ItemDone) for x in first)
         channel = engine._started()[0].channel
         assert isinstance(channel, RoutedChannel)
         deadline = time.monotonic() + 30
-        while channel.ended[0] < window:  # the window's items are read and wait in the buffer
-            assert time.monotonic() < deadline, "the window's items were not read"
+        while channel.ended[0] < LEAD * window:  # the lead is read while the consumer is away, a window at a time
+            assert time.monotonic() < deadline, "the items submitted ahead were not read"
             time.sleep(0.01)
         time.sleep(0.2)
-        assert channel.ended[0] == window  # nothing more was submitted while the consumer was away
+        assert channel.ended[0] == LEAD * window  # nothing more was submitted while the consumer was away
+        window = LEAD * window
         got = first + next(stream)  # the consumer is back: the route tops up past the items waiting in the buffer
         assert not any(isinstance(x, ItemDone) for x in got)  # still within the first item: none was consumed
         while channel.ended[0] <= window:
@@ -243,3 +251,43 @@ def test_items_read_ahead_of_the_consumer_free_their_place_in_the_window(tmp_pat
         assert sample_digest([x for x in got if not isinstance(x, ItemDone)]) == sample_digest(alone)  # type: ignore[misc]
     finally:
         engine.close()
+
+
+class _LastComeFirstServed(Limiter):
+    """A limiter that hands a freed token to the task that queued last: any order of tokens must leave a route's
+    items in their order."""
+
+    def _hand_on(self) -> None:
+        while self._waiters and self.borrowed < self.total:
+            fut = self._waiters.pop()
+            if not fut.done():
+                self.borrowed += 1
+                fut.set_result(None)
+
+
+def test_a_routes_order_is_set_when_its_items_are_dispatched_not_when_they_get_tokens(tmp_path: Path) -> None:
+    """A routed item takes its place in its route's order when the engine takes it from the feed. Opened when it
+    got its token instead (a first version), an item dispatched later could come first whenever tokens were
+    not handed out in dispatch order: here they never are, and with one token the route would deliver its items
+    0, 5, 4, 3, 2, 1."""
+    paths = [str(p) for p in make_shards(tmp_path, n_shards=6, shard_bytes=64 << 10, sample_bytes=4 << 10, seed=9)]
+    spec = StreamSpec(wds.EngineConfig(deterministic=True))
+    channel = RoutedChannel(ByteBudget(64 << 20), ordered=True, routes=1)
+    feed = ItemFeed()
+    feed.submit([WorkItem(id=n, shard=n, url=url, route=0) for n, url in enumerate(paths)])
+    feed.close()
+    engine = Engine(feed, spec, backends=BackendSet(spec.config), channel=channel, stats=Stats(),
+                    limiter=_LastComeFirstServed(1), yield_tokens=True)
+    thread = threading.Thread(target=asyncio.run, args=(engine.run(),))
+    thread.start()
+    got: list[object] = []
+    try:
+        while not (got and isinstance(got[-1], ItemDone) and got[-1].id == len(paths) - 1):
+            items, done = channel.take_route(0, 1000, 1 << 30, 5.0, channel.budget.release, lambda: None)
+            got += items
+            assert items or not done, f"the route ended after {got[-1:]}"
+    finally:
+        thread.join(10)
+    assert [x.id for x in got if isinstance(x, ItemDone)] == list(range(len(paths)))  # type: ignore[attr-defined]
+    alone = ({k: v for k, v in x.items() if k != "__local_path__"} for x in wds.WebDataset(paths))
+    assert sample_digest([x for x in got if not isinstance(x, ItemDone)]) == sample_digest(alone)  # type: ignore[misc]

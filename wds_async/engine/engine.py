@@ -257,20 +257,36 @@ class Engine:
             if item is None:
                 self._exhausted = True
                 return
-            readers.create_task(self._read_routed(item))
+            token = object()
+            self.channel.open_shard(token, item.route)  # its place in its route's order (see _read_routed)
+            readers.create_task(self._read_routed(item, token, feed))
 
-    async def _read_routed(self, item: WorkItem) -> None:
-        await self.limiter.acquire()
+    async def _read_routed(self, item: WorkItem, token: object, feed: ItemFeed) -> None:
+        """Read ``item`` once a token is free. It took its place in its route's order when it was dispatched, not
+        when it gets its token: a token that frees up after the limiter handed one to a waiting task, and before
+        that task runs, goes to whichever task asks first, which may be one dispatched later (with a window per
+        route in the feed, one that became due while the other waited); opened at its token, the later item would
+        come first in a deterministic order."""
+        read = False
         try:
-            if not (self._outcomes.stopping or self.channel.abandoned or self._outcomes.route_ended(item)):
-                await self._read_item(item)
+            await self.limiter.acquire()
+            try:
+                if not (self._outcomes.stopping or self.channel.abandoned or self._outcomes.route_ended(item)):
+                    read = True
+                    await self._read_item(item, token)
+            finally:
+                self.limiter.release()
         finally:
-            self.limiter.release()
+            if not read and not self.channel.abandoned:
+                self.channel.close_shard(token)
+            feed.ended(item)  # the route's next item may start (see feed.py)
 
-    async def _read_item(self, item: WorkItem) -> None:
-        """One item from open to close in the channel, errors sent to the handler."""
-        token = object()
-        self.channel.open_shard(token, item.route)
+    async def _read_item(self, item: WorkItem, token: object | None = None) -> None:
+        """One item from open to close in the channel (opened already when ``token`` is given), errors sent to the
+        handler."""
+        if token is None:
+            token = object()
+            self.channel.open_shard(token, item.route)
         self.stats.shards_in_flight += 1
         try:
             await self._fetch_item(item, token)
