@@ -3,7 +3,6 @@ between batches, a closed one ends it, and an item's error reaches the caller wi
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -64,37 +63,3 @@ def test_requests_answer_batch_after_batch_on_one_engine(shards: tuple[list[str]
             requests.fetch([WorkItem(id=6, shard=0, url=urls[0])] * 2)
     finally:
         requests.close()
-
-
-def test_a_feed_with_windows_starts_a_routes_items_a_window_at_a_time() -> None:
-    """Items of a route past its window wait in the feed; each read that ends releases the route's next one, in
-    submission order; items without a route and other routes are not held back by it; a grown window releases
-    held items at the next look; a closed feed ends only once its held items are taken."""
-    windows = {0: 2, 1: 1}
-
-    def item(n: int, route: int | None) -> WorkItem:
-        return WorkItem(id=n, shard=n, url=f"file:///x/{n}.tar", route=route)
-
-    async def scenario() -> None:
-        feed = ItemFeed(windows=windows.__getitem__)
-        feed.submit([item(n, 0) for n in range(5)] + [item(5, 1), item(6, 1), item(7, None)])
-        started = [await feed.get() for _ in range(4)]
-        assert [x.id for x in started if x is not None] == [0, 1, 5, 7]  # two of route 0, one of route 1
-        waiting = asyncio.ensure_future(feed.get())
-        await asyncio.sleep(0.01)
-        assert not waiting.done()  # every route is at its window
-        feed.ended(started[0])  # type: ignore[arg-type]  # route 0's first read ended: its third item starts
-        assert (await asyncio.wait_for(waiting, 1)).id == 2  # type: ignore[union-attr]
-        windows[1] = 2  # the concurrency grew: route 1 may read two at once
-        assert (await feed.get()).id == 6  # type: ignore[union-attr]
-        feed.close()
-        waiting = asyncio.ensure_future(feed.get())
-        await asyncio.sleep(0.01)
-        assert not waiting.done()  # closed, but route 0's last two items are still held
-        feed.ended(started[1])  # type: ignore[arg-type]
-        assert (await asyncio.wait_for(waiting, 1)).id == 3  # type: ignore[union-attr]
-        feed.ended(item(2, 0))
-        assert (await feed.get()).id == 4  # type: ignore[union-attr]
-        assert await feed.get() is None  # closed and drained
-
-    asyncio.run(scenario())

@@ -24,7 +24,7 @@ from wds_async.engine.engine import Engine
 from wds_async.engine.feed import ItemFeed
 from wds_async.engine.grouping import sample_nbytes
 from wds_async.engine.limiter import Limiter
-from wds_async.engine.shared import LEAD, SharedEngine
+from wds_async.engine.shared import SharedEngine
 from wds_async.engine.spec import StreamSpec
 from wds_async.engine.work import ItemDone, WorkItem
 from wds_async.io import BackendSet
@@ -216,9 +216,8 @@ def test_a_route_needs_shares(tmp_path: Path) -> None:
 
 def test_items_read_ahead_of_the_consumer_free_their_place_in_the_window(tmp_path: Path) -> None:
     """A route's window counts the items still being read, not those waiting in the buffer for the consumer:
-    with room in the budget, a route submits ``LEAD`` windows of items, and the feed starts the next as soon as
-    a read ends, while the consumer is away (counting the buffered ones left readers idle and kept a mix's
-    autotuner from seeing work waiting); the route tops up again when its consumer comes back."""
+    with room in the budget, a route whose window of items is read keeps its readers busy with the next ones
+    (counting the buffered ones left readers idle and kept a mix's autotuner from seeing work waiting)."""
     paths = [str(p) for p in make_shards(tmp_path, n_shards=9, shard_bytes=4 << 20, sample_bytes=256 << 10, seed=5)]
     spec = StreamSpec(wds.EngineConfig(max_connections=2, max_buffered_bytes=256 << 20, deterministic=True,
                                        handoff_max_bytes=4 << 20))
@@ -227,19 +226,18 @@ def test_items_read_ahead_of_the_consumer_free_their_place_in_the_window(tmp_pat
     try:
         engine.stats.concurrency = 2
         window = engine.window(0)
-        assert window == 2 and LEAD * window < 9
+        assert window == 2
         stream = engine.batches(iter(wds.WebDataset(paths).work_items()), 0)
         first = next(stream)  # part of the first item, none of its end
         assert not any(isinstance(x, ItemDone) for x in first)
         channel = engine._started()[0].channel
         assert isinstance(channel, RoutedChannel)
         deadline = time.monotonic() + 30
-        while channel.ended[0] < LEAD * window:  # the lead is read while the consumer is away, a window at a time
-            assert time.monotonic() < deadline, "the items submitted ahead were not read"
+        while channel.ended[0] < window:  # the window's items are read and wait in the buffer
+            assert time.monotonic() < deadline, "the window's items were not read"
             time.sleep(0.01)
         time.sleep(0.2)
-        assert channel.ended[0] == LEAD * window  # nothing more was submitted while the consumer was away
-        window = LEAD * window
+        assert channel.ended[0] == window  # nothing more was submitted while the consumer was away
         got = first + next(stream)  # the consumer is back: the route tops up past the items waiting in the buffer
         assert not any(isinstance(x, ItemDone) for x in got)  # still within the first item: none was consumed
         while channel.ended[0] <= window:

@@ -259,14 +259,13 @@ class Engine:
                 return
             token = object()
             self.channel.open_shard(token, item.route)  # its place in its route's order (see _read_routed)
-            readers.create_task(self._read_routed(item, token, feed))
+            readers.create_task(self._read_routed(item, token))
 
-    async def _read_routed(self, item: WorkItem, token: object, feed: ItemFeed) -> None:
+    async def _read_routed(self, item: WorkItem, token: object) -> None:
         """Read ``item`` once a token is free. It took its place in its route's order when it was dispatched, not
         when it gets its token: a token that frees up after the limiter handed one to a waiting task, and before
-        that task runs, goes to whichever task asks first, which may be one dispatched later (with a window per
-        route in the feed, one that became due while the other waited); opened at its token, the later item would
-        come first in a deterministic order."""
+        that task runs, goes to whichever task asks first, which may be one dispatched later; opened at its token,
+        the later item would come first in a deterministic order."""
         read = False
         try:
             await self.limiter.acquire()
@@ -279,7 +278,6 @@ class Engine:
         finally:
             if not read and not self.channel.abandoned:
                 self.channel.close_shard(token)
-            feed.ended(item)  # the route's next item may start (see feed.py)
 
     async def _read_item(self, item: WorkItem, token: object | None = None) -> None:
         """One item from open to close in the channel (opened already when ``token`` is given), errors sent to the

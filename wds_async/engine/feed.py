@@ -13,14 +13,6 @@ long-lived engine that must wait for the next call rather than end.
     ``peek(n)`` shows the engine the next items so the shard cache's identity checks start early, as the
     engine's lookahead does for an item list.
 
-Windows per route
-    A feed made with ``windows`` (a mix's shared engine: ``windows(route)`` is how many of a route's items may
-    be read at once) holds each routed item back until its route has fewer than that many items being read.
-    The engine tells the feed when a routed read ends (:meth:`~ItemFeed.ended`), in the loop thread, and the
-    route's next item is released at once. So a route's consumer may submit items ahead of its window, and a
-    read that ends between two of its consumer's visits is followed by the next without waiting for it. Items
-    without a route, or a feed without ``windows``, are handed out in submission order as they come.
-
 See :class:`~wds_async.engine.fetcher.Requests` for the consumer side.
 """
 
@@ -28,8 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from ..errors import EngineError
 from .work import WorkItem
@@ -40,26 +31,19 @@ __all__ = ["ItemFeed"]
 class ItemFeed:
     """Work items submitted from any thread, taken by the engine's readers in the loop thread."""
 
-    def __init__(self, windows: Callable[[int], int] | None = None) -> None:
-        #: Submitted, not yet looked at by the loop (any thread appends, the loop pops).
-        self._submitted: collections.deque[WorkItem] = collections.deque()
-        #: Released to the engine's readers, in order (loop thread only).
+    def __init__(self) -> None:
         self._items: collections.deque[WorkItem] = collections.deque()
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
         #: Readers waiting for an item, oldest first; a submit wakes as many as it brings items (not all of them).
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-        self._windows = windows
-        #: Per route (windows only): items held back, and items released whose read has not ended.
-        self._held: dict[int, collections.deque[WorkItem]] = {}
-        self._reading: collections.Counter[int] = collections.Counter()
 
     # -- any thread ---------------------------------------------------------------------------------
     def submit(self, items: Sequence[WorkItem]) -> None:
         """Queue ``items`` (in this order) for the engine."""
         if self._closed:
             raise EngineError("submit() on a closed item feed")
-        self._submitted.extend(items)
+        self._items.extend(items)
         self._wake()
 
     def close(self) -> None:
@@ -77,38 +61,8 @@ class ItemFeed:
             pass
 
     # -- loop thread --------------------------------------------------------------------------------
-    def _intake(self) -> None:
-        """Move submitted items to the released queue, or hold them back behind their route's window."""
-        submitted, windows = self._submitted, self._windows
-        while submitted:
-            item = submitted.popleft()
-            if windows is None or item.route is None:
-                self._items.append(item)
-            else:
-                self._held.setdefault(item.route, collections.deque()).append(item)
-                self._release(item.route)
-
-    def _release(self, route: int) -> None:
-        held = self._held.get(route)
-        if not held:
-            return
-        assert self._windows is not None
-        window = self._windows(route)
-        while held and self._reading[route] < window:
-            self._reading[route] += 1
-            self._items.append(held.popleft())
-
-    def ended(self, item: WorkItem) -> None:
-        """The read of ``item`` (taken from this feed) ended: its route's next held item may start."""
-        if self._windows is None or item.route is None:
-            return
-        self._reading[item.route] -= 1
-        self._release(item.route)
-        self._notify()
-
     def _notify(self) -> None:
         """Wake one waiting reader per queued item (every reader once the feed is closed)."""
-        self._intake()
         wake = len(self._waiters) if self._closed else min(len(self._items), len(self._waiters))
         for _ in range(wake):
             waiter = self._waiters.popleft()
@@ -127,13 +81,9 @@ class ItemFeed:
         loop = self._loop
         assert loop is not None
         while True:
-            self._intake()
-            if not self._items:  # windows grow with the concurrency: held items may fit now
-                for route in self._held:
-                    self._release(route)
             if self._items:
                 return self._items.popleft()
-            if self._closed and not any(self._held.values()):
+            if self._closed:
                 return None
             waiter = loop.create_future()
             self._waiters.append(waiter)
@@ -145,5 +95,5 @@ class ItemFeed:
                 raise
 
     def peek(self, n: int) -> list[WorkItem]:
-        """The next ``n`` items queued, not taken (released ones first, then those submitted since)."""
-        return list(itertools.islice(itertools.chain(self._items, self._submitted), n))
+        """The next ``n`` items queued, not taken."""
+        return [item for _, item in zip(range(n), self._items)]

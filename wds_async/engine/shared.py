@@ -8,27 +8,20 @@ the number of sources. :class:`SharedEngine` is that engine: a :class:`~wds_asyn
 and gets exactly the lists a bridge of its own would hand it, in its own order.
 
 How much each source prefetches
-    A source keeps ``1 + ceil(share * level)`` of its work items being read (``share``: its part of what the mix
-    consumes, from the weights; ``level``: the engine's current concurrency, as the autotuner moves it): a source
+    A source keeps ``1 + ceil(share * level)`` of its work items submitted and still being read (``share``: its
+    part of what the mix consumes, from the weights; ``level``: the engine's current concurrency, as the autotuner
+    moves it). It submits more whenever its consumer takes a hand-off, so submissions follow consumption: a source
     drawn 30% of the time keeps about 30% of the readers busy, and a source drawn 0.5% of the time keeps its
-    current item and the next, so it never starves the consumer. Together the sources keep about ``level`` plus
-    one item each being read, what a single dataset's engine keeps (its readers) plus one item per source, so the
+    current item and the next, so it never starves the consumer. Together the sources keep about ``level`` plus one
+    item each being read, what a single dataset's engine keeps (its readers) plus one item per source, so the
     autotuner sees work waiting for its tokens as it does for one dataset.
-
-    That window is kept on both sides of the seam. The source's consumer, whenever it takes a hand-off, submits
-    items up to ``LEAD`` windows ahead; the engine's feed starts one window of them and, in the loop thread,
-    the route's next item as soon as a read ends (see :mod:`~wds_async.engine.feed`). So reads that end between
-    two visits of a rare source's consumer are followed at once. Submitting only one window at each visit (a
-    first version) left a route's readers idle until then: a 20-source mix kept 33 requests streaming where one
-    dataset kept 47, and at 5 MB/s per connection it took 1.28x as long as one dataset (1.18x with the lead).
 
     While the buffer has room, items whose read ended and that wait in it for their turn do not count: they hold
     bytes, which the budget bounds, and no reader. Counting them (as a first version did) left readers idle
     whenever items finished ahead of the consumer: at 64 connections a 20-source mix kept 41 requests streaming,
     the autotuner saw no work waiting and stopped ramping, and a network-bound pass ran 1.2x longer than one
-    dataset's. Once the buffer is three quarters full they count again, and the consumer submits no more than
-    one window: more reads would only wait for room, and a slow consumer's mix would fill its whole budget with
-    read-ahead on top of its routes' hand-offs.
+    dataset's. Once the buffer is three quarters full they count again: more reads would only wait for room, and
+    a slow consumer's mix would fill its whole budget with read-ahead on top of its routes' hand-offs.
 
 Hand-off
     A route's consumer takes its samples in lists, as a single dataset's does, and holds each list until it has used
@@ -75,10 +68,6 @@ MIN_HANDOFF = 64 << 10
 #: The buffer's fill above which a route counts its items waiting in the buffer against its window again.
 ROOM_FULL = 0.75
 
-#: While the buffer has room, a route submits up to this many windows of items; the feed starts one window of
-#: them at a time, and the next as soon as a read ends.
-LEAD = 2
-
 
 def _same_work(a: WorkItem, b: WorkItem) -> bool:
     return (a.shard, a.url, a.start, a.end) == (b.shard, b.url, b.start, b.end)
@@ -105,7 +94,7 @@ class SharedEngine:
     def _started(self) -> tuple[Bridge, ItemFeed]:
         with self._lock:
             if self._bridge is None or self._feed is None:
-                feed = ItemFeed(windows=self.window)
+                feed = ItemFeed()
                 bridge = Bridge(feed, self.spec, self.stats, routes=len(self.shares))
                 bridge.start()
                 self._bridge, self._feed = bridge, feed
@@ -160,15 +149,14 @@ class SharedEngine:
 
         budget = channel.budget
 
-        def ahead() -> int:
-            """How many more of the route's items to submit now (see the module docstring)."""
-            window = self.window(route)
+        def reading() -> int:
             if budget.used >= ROOM_FULL * budget.limit:  # more reads would wait for room: count every item
-                return window - state["in_flight"]
-            return LEAD * window - (state["in_flight"] - max(0, channel.ended[route] - ended0 - state["seen"]))
+                return state["in_flight"]
+            return state["in_flight"] - max(0, channel.ended[route] - ended0 - state["seen"])
 
         def top_up() -> None:
-            while not state["exhausted"] and ahead() > 0:
+            window = self.window(route)
+            while not state["exhausted"] and reading() < window:
                 item = next(source, None)
                 if item is None:
                     state["exhausted"] = True
