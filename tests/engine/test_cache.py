@@ -357,7 +357,7 @@ def test_dataloader_workers_share_one_cache(served: tuple[StoreProcess, Path], t
         assert (stats["cache_fills"], stats["cache_hits"]) == ((N, 0) if epoch == 0 else (0, N))
 
 
-# -- damaged copies: a format error from a copy drops it and reads the store once (engine ``_fetch_item``) --------
+# -- damaged copies: a format error from a copy drops it and reads the store once (``ItemReads.fetch``) --------
 
 
 def _samples(urls: list[str], cache: Path | None, **kw: object) -> tuple[list[dict], dict]:  # type: ignore[type-arg]
