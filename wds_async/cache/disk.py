@@ -39,8 +39,9 @@ commit, under ``DIR/.evict.lock``, the oldest complete copies are removed until 
 files on disk plus the incoming shard fit in ``max_bytes`` (None: no limit, as webdataset's default). An
 evicted copy that a reader has open stays readable (POSIX unlink); it is gone for the next lookup.
 
-Here: the directory's layout, lookups, locks, eviction and inspection (:class:`ShardCache`). The objects the
-engine reads through are in :mod:`wds_async.cache.items`, the file-level helpers in :mod:`wds_async.cache.files`.
+Here: the directory's layout, lookups and locks (:class:`ShardCache`). Eviction and inspection (what the
+directory holds) are in :mod:`wds_async.cache.inventory`, the objects the engine reads through in
+:mod:`wds_async.cache.items`, the file-level helpers in :mod:`wds_async.cache.files`.
 
 Names are ``<16 hex of sha256(url)>.<basename>``: the URL with its secrets removed (a presigned URL's
 signature changes, its object does not), hashed so that any URL is a safe, distinct file name.
@@ -71,16 +72,12 @@ remove entries (never make the cache trust theirs).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
-import fcntl
 import hashlib
 import json
 import logging
 import os
-import stat
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from ..config import RetryPolicy
@@ -89,22 +86,22 @@ from ..io import Backend, ObjectIdentity
 from ..node import parse_bytes
 from ..stats import Stats
 from ..urls import redact_url, scheme_of
+from . import inventory
 from .files import (
     IDENTITY_FIELDS,
+    META_MAX_BYTES,
     META_VERSION,
     directory_problem,
-    is_cache_name,
     open_entry,
-    open_lock,
     refused,
     size_or_minus_one,
-    size_or_zero,
     touch,
     try_lock,
     unlink,
     unlock,
     writable,
 )
+from .inventory import CacheEntry
 from .items import FILL_WRITE_BYTES, CacheFill, CacheHit, Prechecks, store_identity
 
 __all__ = ["FILL_WRITE_BYTES", "CacheEntry", "CacheFill", "CacheHit", "Prechecks", "ShardCache",
@@ -120,17 +117,6 @@ CACHED_SCHEMES = frozenset({"http", "https", "s3", "gs", "az", "azure"})
 class UnsafeCacheDirectory(WdsError, ValueError):
     """The cache directory could let another user plant files or links in it (see "Security" in the module
     docstring): it is another user's, writable by other users, or a link another user owns."""
-
-
-@dataclass(frozen=True)
-class CacheEntry:
-    """One complete copy on disk (what ``wds-async cache ls`` prints)."""
-
-    name: str
-    url: str
-    size: int
-    last_used: float
-    identity: ObjectIdentity
 
 
 def _name_for(url: str) -> str:
@@ -322,7 +308,7 @@ class ShardCache:
         try:
             meta_fd = open_entry(self.path(url, ".json"))
             with open(meta_fd, "rb", closefd=False) as fh:
-                meta = json.loads(fh.read(_META_MAX_BYTES))
+                meta = json.loads(fh.read(META_MAX_BYTES))
             identity = ObjectIdentity(**{k: meta.get(k) for k in IDENTITY_FIELDS})
             fd = open_entry(self.path(url))
             if meta.get("version") != META_VERSION or os.fstat(fd).st_size != identity.size:
@@ -364,129 +350,24 @@ class ShardCache:
             return False
         return True
 
-    # -- eviction and inspection ----------------------------------------------------------------------
-    def _scan(self) -> tuple[list[tuple[float, str, int]], list[int]]:
-        """Complete copies as (last used, name, size), and the sizes of partial files. Only regular files of
-        ours with the cache's names count (never a link, another user's file, a name the cache would not make)."""
-        copies, partial = [], []
-        me = os.geteuid()
-        try:
-            with os.scandir(self.directory) as found:
-                entries = {}
-                for e in found:
-                    if is_cache_name(e.name):
-                        with contextlib.suppress(FileNotFoundError):
-                            st = e.stat(follow_symlinks=False)
-                            if stat.S_ISREG(st.st_mode) and st.st_uid == me:
-                                entries[e.name] = st
-        except FileNotFoundError:
-            return [], []
-        for name, st in entries.items():
-            if name.endswith(".json") and name[:-5] in entries:
-                copies.append((st.st_mtime, name[:-5], entries[name[:-5]].st_size))
-            elif name.endswith(".part"):
-                partial.append(st.st_size)
-        return copies, partial
-
+    # -- eviction and inspection (see inventory.py) ---------------------------------------------------
     def make_room(self, incoming: int, keep: str | None = None) -> bool:
         """Evict least recently used copies until they, the partial files and ``incoming`` bytes fit in
         ``max_bytes``. False when ``incoming`` alone (plus copies that cannot go) is too large."""
-        if self.max_bytes is None:
-            return True
-        if incoming > self.max_bytes:
-            return False
-        lock = open_lock(os.path.join(self.directory, ".evict.lock"))
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            copies, partial = self._scan()
-            total = sum(partial) + incoming + sum(size for _, _, size in copies)
-            for _, name, size in sorted(copies):
-                if total <= self.max_bytes:
-                    break
-                if name == keep:
-                    continue
-                unlink(os.path.join(self.directory, name + ".json"))
-                unlink(os.path.join(self.directory, name))
-                total -= size
-                log.debug("cache: evicted %s (%d bytes)", name, size)
-            return total <= self.max_bytes
-        finally:
-            os.close(lock)
+        return inventory.make_room(self.directory, self.max_bytes, incoming, keep)
 
     def entries(self) -> list[CacheEntry]:
         """The complete copies, most recently used first."""
-        out = []
-        for last_used, name, size in sorted(self._scan()[0], reverse=True):
-            try:
-                with open(open_entry(os.path.join(self.directory, name + ".json")), "rb") as fh:
-                    meta = json.loads(fh.read(_META_MAX_BYTES))
-                identity = ObjectIdentity(**{k: meta.get(k) for k in IDENTITY_FIELDS})
-            except (OSError, ValueError, TypeError, AttributeError):
-                continue
-            out.append(CacheEntry(name, str(meta.get("url", "?")), size, last_used, identity))
-        return out
+        return inventory.entries(self.directory)
 
     def usage(self) -> dict[str, int]:
         """Bytes and counts: complete copies, and partial files (fills in progress or left by a crash)."""
-        copies, partial = self._scan()
-        return {"copies": len(copies), "bytes": sum(size for _, _, size in copies), "partial_files": len(partial),
-                "partial_bytes": sum(partial)}
+        return inventory.usage(self.directory)
 
     def clear(self) -> tuple[int, int]:
-        """Remove every complete copy, every untrusted leftover (data without metadata, temporary metadata, an
-        entry that is not a regular file) and every partial file no process is filling; return (files, bytes)
-        freed. Only names the cache makes are touched (:func:`~wds_async.cache.files.is_cache_name`): another
-        directory given by mistake loses nothing. Fills in progress go on and commit their copies when done.
-        Lock files stay: removing one while a process opens it could let two processes hold "the" lock on two
-        files."""
-        files = freed = 0
-        try:
-            names = sorted(os.listdir(self.directory))
-        except FileNotFoundError:
-            return 0, 0
-        present = set(names)
-        for name in names:
-            path = os.path.join(self.directory, name)
-            if not is_cache_name(name) or name.endswith(".lock") or not _removable(path):
-                continue  # not the cache's, a lock (kept), gone already, or a directory (the cache makes none)
-            if name.endswith(".part"):
-                try:
-                    fd = try_lock(os.path.join(self.directory, name[:-5] + ".lock"))
-                except OSError:
-                    continue  # its lock cannot be taken (not ours, or a read-only directory)
-                if fd is None:
-                    continue  # a fill in progress
-                try:
-                    size = size_or_zero(path)
-                    unlink(path)
-                finally:
-                    unlock(fd)
-            elif name.endswith(".json") and name[:-5] in present:
-                continue  # removed with its data file
-            else:
-                size = size_or_zero(path)
-                if name.endswith(".json") or name.endswith(".json.tmp") or name + ".json" not in present:
-                    unlink(path)  # leftovers: metadata without data, or data never committed
-                else:
-                    self._drop_name(name)
-            files, freed = files + 1, freed + size
-        return files, freed
+        """Remove what :func:`~wds_async.cache.inventory.clear` removes; return (files, bytes) freed."""
+        return inventory.clear(self.directory)
 
-    def _drop_name(self, name: str) -> None:
-        unlink(os.path.join(self.directory, name + ".json"))
-        unlink(os.path.join(self.directory, name))
-
-
-def _removable(path: str) -> bool:
-    """True when ``path`` is there and is no directory (a file, a link, a FIFO: ``unlink`` removes the name)."""
-    try:
-        return not stat.S_ISDIR(os.lstat(path).st_mode)
-    except FileNotFoundError:
-        return False
-
-
-#: The most bytes of a copy's metadata read (a few hundred are written): a larger file is not ours to parse.
-_META_MAX_BYTES = 64 << 10
 
 #: ``_take_lock``'s answer when the copy was committed while it waited: look it up again.
 _RETRY: Any = object()

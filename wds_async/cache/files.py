@@ -23,12 +23,16 @@ import re
 import stat
 import time
 
-__all__ = ["IDENTITY_FIELDS", "META_VERSION", "RefusedEntry", "create_new", "directory_problem", "is_cache_name",
-           "open_entry", "open_lock", "refused", "size_or_minus_one", "size_or_zero", "touch", "try_lock", "unlink",
-           "unlock", "writable"]
+__all__ = ["IDENTITY_FIELDS", "META_MAX_BYTES", "META_VERSION", "RefusedEntry", "create_new", "directory_problem",
+           "is_cache_name", "open_entry", "open_lock", "refused", "size_or_minus_one", "size_or_zero", "touch", "try_lock",
+           "unlink", "unlock", "writable"]
 
 #: The version of a copy's metadata file; another version is never trusted.
 META_VERSION = 1
+
+#: The most bytes of a copy's metadata read (a few hundred are written): a larger file is not ours to parse.
+META_MAX_BYTES = 64 << 10
+
 #: The ObjectIdentity fields a copy's metadata records.
 IDENTITY_FIELDS = ("size", "etag", "generation", "last_modified")
 #: A name the cache gives its files: 16 hex digits, a dot, the object's base name (and a suffix). Inspection and
