@@ -13,7 +13,7 @@ import botocore.session
 import pytest
 
 from tests.emulators import MOTO_ENV
-from wds_async.backends import s3
+from wds_async.backends import s3, s3_clients
 from wds_async.backends.s3 import S3Backend
 
 
@@ -53,14 +53,14 @@ async def test_the_build_runs_in_a_thread_while_the_loop_keeps_running(aws_env: 
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     release = threading.Event()
     built_on: list[str] = []
-    real = s3.make_client
+    real = s3_clients.make_client
 
     def slow_make_client(**kwargs: Any) -> Any:
         built_on.append(threading.current_thread().name)
         release.wait(30)  # a credential chain that takes its time (a metadata service, an assumed role)
         return real(**kwargs)
 
-    monkeypatch.setattr(s3, "make_client", slow_make_client)
+    monkeypatch.setattr(s3_clients, "make_client", slow_make_client)
     monkeypatch.delenv("AWS_DEFAULT_REGION")  # no region known: no early signature, the request needs the client
     backend = S3Backend(endpoint_url="http://127.0.0.1:7")  # settings no one built yet
     signed = asyncio.ensure_future(backend.resolve("s3://bkt/key.tar", 0, None))
@@ -93,13 +93,13 @@ def test_the_early_signature_is_the_clients(aws_env: None, region: str, monkeypa
 async def test_first_requests_are_signed_while_the_client_is_built(aws_env: None,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     release = threading.Event()
-    real = s3.make_client
+    real = s3_clients.make_client
 
     def slow_make_client(**kwargs: Any) -> Any:
         release.wait(30)
         return real(**kwargs)
 
-    monkeypatch.setattr(s3, "make_client", slow_make_client)
+    monkeypatch.setattr(s3_clients, "make_client", slow_make_client)
     early = S3Backend(endpoint_url="http://127.0.0.1:9", region="sa-east-1")
     url, _ = await early.resolve("s3://bkt/key.tar", 0, None)  # would wait for the client without the early path
     assert "X-Amz-Credential=testing%2F" in url and "%2Fsa-east-1%2Fs3%2F" in url
@@ -119,13 +119,13 @@ async def test_downloads_to_an_explicit_endpoint_never_build_the_client(aws_env:
     """Its build is 0.1-0.3 s of CPU under the GIL: built anyway once the first request was out, it slowed a
     short epoch's first second. Only what needs the client (listing, another region) builds it."""
     built: list[dict[str, Any]] = []
-    real = s3.make_client
+    real = s3_clients.make_client
 
     def counting_make_client(**kwargs: Any) -> Any:
         built.append(kwargs)
         return real(**kwargs)
 
-    monkeypatch.setattr(s3, "make_client", counting_make_client)
+    monkeypatch.setattr(s3_clients, "make_client", counting_make_client)
     backend = S3Backend(endpoint_url="http://127.0.0.1:9", region="eu-west-1")
     for n in range(20):
         method = "HEAD" if n % 5 == 0 else "GET"
