@@ -158,6 +158,8 @@ def run_bench(urls: list[str], *, connections: int = 16, vs_webdataset: bool = F
             wds_row["name"] = "webdataset 1 process"
             wds_row["bytes"] = raw["bytes"]  # the same shards: their bytes
             rows.append(wds_row)
+    raw = _best_raw(raw, _run_phase("raw", urls, connections, None, timeout, f"{raw['name']} (again)", status))
+    rows[0] = raw
     for row in rows:
         row["mb_s"] = row["bytes"] / row["wall_s"] / 1e6
         row["samples_s"] = row["samples"] / row["wall_s"] if row.get("samples") is not None else None
@@ -189,6 +191,16 @@ def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
 
 
+def _best_raw(first: dict[str, Any], again: dict[str, Any]) -> dict[str, Any]:
+    """The raw baseline: the faster of the raw phase run first and run again after the loader's phases, so that a
+    slow first pass (a store, cache or machine still warming up) cannot flatter every ratio against it. Both
+    rates stay in the row (``runs_mb_s``)."""
+    rates = [run["bytes"] / run["wall_s"] / 1e6 for run in (first, again)]
+    best = dict(again if rates[1] > rates[0] else first, name=first["name"])
+    best["runs_mb_s"] = rates
+    return best
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
     header = (f"{'phase':<26}{'MB/s':>9}{'samples/s':>11}{'vs raw':>8}{'CPU s/GB':>10}{'peak MB':>9}{'samples':>9}"
               f"{'first ms':>10}  exactly once")
@@ -211,6 +223,9 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     faulty = next((r for r in rows if r.get("faults")), None)
     if loader is not None:
         lines.append("")
+        if raw.get("runs_mb_s"):
+            lines.append("raw: the faster of two passes, one before the loader's phases and one after ("
+                         + " and ".join(f"{rate:.1f}" for rate in raw["runs_mb_s"]) + " MB/s)")
         lines.append(f"wds-async / raw = {loader['vs_raw']:.2f}x; peak buffered {loader['peak_buffered'] / 1e6:.0f} MB "
                      f"of a {loader['limit'] / 1e6:.0f} MB budget; consumer waited {loader['wait_s']:.2f} s")
         if loader.get("first_s") is not None and raw.get("first_s") is not None:
