@@ -42,7 +42,6 @@ from collections.abc import Iterable, Iterator, Sized
 from ..config import EngineConfig
 from ..io import BackendSet
 from ..io.budget import ByteBudget
-from ..io.reader import ReadContext
 from ..io.source import ItemSource, StoreSource
 from ..stats import Stats
 from .autotune import Autotuner
@@ -101,7 +100,7 @@ class Engine:
         self.backends = backends
         self.channel = channel
         self.budget: ByteBudget = channel.budget
-        self.config = config = spec.config
+        self.config = spec.config
         self.stats = stats
         self.log_interval = spec.log_interval
         self.limiter = limiter if limiter is not None else Limiter(1)
@@ -111,8 +110,6 @@ class Engine:
         self.stats.shards_total = len(urls) if isinstance(urls, Sized) else 0
         self.stats.buffer_limit = self.budget.limit
         self.stats.budget = self.budget
-        #: What every read of this engine shares (retries, counters, the byte budget, token requeue).
-        self._reads = ReadContext(config.retry, stats, self.budget)  # each item adds its requeue (itemread.py)
         #: What a reader does with its token while it cannot read, and how it reads one item (both made in
         #: ``run``, once the limiter is known).
         self._tokens: Tokens
@@ -139,7 +136,7 @@ class Engine:
                 f"{self.budget.limit}" if cap < config.connections else "")
         self._tokens = Tokens(self.limiter, self.channel, yield_tokens=self.yield_tokens)
         self._item_reads = ItemReads(self.source, self.backends, self.channel, self.stats, self.config,
-                                     self._outcomes, self._reads, self._tokens, self.limiter)
+                                     self._outcomes, self._tokens, self.limiter)
         try:
             async with TaskGroup() as outer:
                 logger = outer.create_task(self._log_periodically()) if self.log_interval else None

@@ -44,8 +44,7 @@ class ItemReads:
     """How an engine reads one item (see the module docstring): what all its readers share."""
 
     def __init__(self, source: ItemSource, backends: BackendSet, channel: SampleChannel, stats: Stats,
-                 config: EngineConfig, outcomes: Outcomes, reads: ReadContext, tokens: Tokens,
-                 limiter: Limiter) -> None:
+                 config: EngineConfig, outcomes: Outcomes, tokens: Tokens, limiter: Limiter) -> None:
         self.source = source
         self._store_only = StoreSource()
         self.backends = backends
@@ -54,7 +53,8 @@ class ItemReads:
         self.stats = stats
         self.config = config
         self._outcomes = outcomes
-        self._reads = reads
+        #: What every read shares (retries, counters, the byte budget); each item adds its token's requeue.
+        self._reads = ReadContext(config.retry, stats, channel.budget)
         self._tokens = tokens
         self.limiter = limiter
 
