@@ -21,6 +21,7 @@ Defaults are deliberate:
 from __future__ import annotations
 
 import dataclasses
+import random
 from dataclasses import dataclass
 
 __all__ = ["SIZE_LIMITS", "EngineConfig", "RetryPolicy", "check_size"]
@@ -129,6 +130,17 @@ class RetryPolicy:
             raise ValueError("RetryPolicy needs 0 <= base_delay <= max_delay")
         if self.deadline <= 0:
             raise ValueError(f"RetryPolicy.deadline must be > 0, got {self.deadline}")
+
+    def delay(self, failures: int) -> float:
+        """Seconds to wait before the next try after ``failures`` failures in a row (full jitter)."""
+        return _JITTER.uniform(0, min(self.max_delay, self.base_delay * 2 ** (failures - 1)))
+
+
+#: The retry jitter's own generator. Retries run in the engine's thread while the consumer may draw from the
+#: global ``random`` (an unseeded ``RandomMix`` draws its sources there, as webdataset's does, repeatable after
+#: ``random.seed(n)``): jitter taken from the global generator would change which sources a run picks whenever
+#: a request is retried.
+_JITTER = random.Random()
 
 
 @dataclass(frozen=True)

@@ -730,3 +730,18 @@ def test_unseeded_draws_match_webdataset_over_webdatasets(data: Path, served: St
     # sources on the emulated store draw the same way
     random.seed(21)
     assert seq(wds.RandomMix(remote_sources, probs, longest=longest)) == theirs
+
+
+def test_retries_leave_the_global_generator_to_the_draws(served: StoreProcess) -> None:
+    # An unseeded mix draws its sources from the global generator, as webdataset's does; the engine's retry
+    # jitter runs in another thread meanwhile and must not take numbers from it, or a run with a 503 on the way
+    # picks other sources than the same run without one.
+    def seq(query: str) -> list[Ident]:
+        sources = [wds.WebDataset(_pattern(served, name, query=query)) for name in "abc"]
+        random.seed(21)
+        got = [ident(s) for s in wds.RandomMix(sources, [0.5, 0.2, 0.3])]
+        return got
+
+    clean = seq("")
+    faulty = seq("?fail_rate=0.3&drop_rate=0.2")
+    assert faulty == clean

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -165,7 +164,7 @@ class RangeReader:
                     raise TransientError(
                         f"gave up after {failures} attempts over {now - first_failure:.1f} s: {exc.message}",
                         url=self.shown, offset=self.pos) from exc
-                delay = random.uniform(0, min(self.policy.max_delay, self.policy.base_delay * 2 ** (failures - 1)))
+                delay = self.policy.delay(failures)
                 log.info("retrying %s at byte %d in %.2f s: %s", self.shown, self.pos, delay, exc.message)
                 if self.stats is not None:
                     self.stats.retries += 1

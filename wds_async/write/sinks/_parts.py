@@ -18,7 +18,6 @@ was started) and ``_translate`` (SDK error -> WdsError).
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -226,7 +225,7 @@ class PartSink:
                 raise TransientError(f"{what} failed {failures} times over {now - first:.1f} s, giving up "
                                      f"({error.message}); the store may be down or refusing uploads: retry "
                                      "later, or allow more with RetryPolicy(attempts=, deadline=)", url=self.url)
-            delay = random.uniform(0, min(policy.max_delay, policy.base_delay * 2 ** (failures - 1)))
+            delay = policy.delay(failures)
             log.info("retrying %s of %s in %.2f s: %s", what, self.url, delay, error.message)
             with self._lock:
                 self.retries += 1
