@@ -3,6 +3,7 @@ survive 503s and cut connections, a mismatched index is named, bad input is a cl
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import random
@@ -16,6 +17,7 @@ import pytest
 
 import wds_async as wds
 from emustore import Knobs, StoreProcess
+from tests.conftest import engine_threads, wait_until
 
 N_SHARDS = 6
 PER_SHARD = 40
@@ -89,6 +91,20 @@ def test_store_random_indices_equal_the_stream_and_neighbours_share_a_request(se
     a, b = fresh.__getitems__([5, 5])
     assert _plain(a) == _plain(b) == _plain(streamed[5]) and a is not b
     fresh.close()
+
+
+def test_a_dataset_dropped_without_close_stops_its_engine(served: Any) -> None:
+    # Users build a dataset per evaluation and let it go out of scope: its loop thread, connections and buffered
+    # bytes must go with it, not pile up for the rest of the process.
+    _, urls, index = served
+    before = set(engine_threads())
+    ds = wds.IndexedWebDataset(urls, index=index)
+    assert len(ds.__getitems__([0, 1, PER_SHARD])) == 3
+    started = set(engine_threads()) - before
+    assert len(started) == 1
+    del ds
+    gc.collect()
+    assert wait_until(lambda: not any(t.is_alive() for t in started))
 
 
 def test_getitems_under_503s_and_cut_connections(served: Any) -> None:

@@ -6,7 +6,9 @@
 raised by an item (the default handler raises: ``ObjectChanged``, ``NotFound``, a format error) ends the channel as
 it ends a stream; the object then closes its bridge and raises the error, and the next :meth:`~Requests.fetch`
 starts a fresh bridge. Use one per process: the bridge's loop thread does not survive ``fork`` and a forked copy
-refuses to run (the owner rebuilds one when its pid changed).
+refuses to run (the owner rebuilds one when its pid changed). An object dropped without :meth:`~Requests.close`
+(a dataset that went out of scope) stops its engine when it is garbage collected: the loop thread, its sockets
+and its buffered bytes do not outlive it.
 
 Reading ahead: :meth:`Requests.submit` starts items now and :meth:`Requests.collect` returns them later, so a
 caller that knows its next batches keeps them in flight while it uses the current one; samples of items it did not
@@ -15,7 +17,9 @@ ask for yet are kept (by item id) until it does, and :meth:`Requests.discard` dr
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -42,12 +46,17 @@ class Requests:
         self._lock = threading.Lock()
         self._found: dict[int, list[Sample]] = {}  # item id -> its samples so far, for every item in flight
         self._ended: set[int] = set()  # items in flight whose ItemDone arrived
+        self._stop: weakref.finalize[Any, Any] | None = None  # stops the running bridge, at close() or collection
 
     def _start(self) -> None:
         feed = ItemFeed()
         bridge = Bridge(feed, self.spec, self.stats)
         bridge.start()
         self._feed, self._bridge, self._batches = feed, bridge, bridge.batches()
+        # The bridge's thread holds the bridge, not this object, so a Requests that is dropped unclosed would leave
+        # an idle loop thread (and its connection pool) for the rest of the process.
+        self._stop = weakref.finalize(self, _stop_bridge, os.getpid(), feed, self._batches, bridge)
+        self._stop.atexit = False  # at exit the daemon thread ends with the process
 
     def fetch(self, items: Sequence[WorkItem]) -> dict[int, list[Sample]]:
         """Read ``items`` (ids unique among the items in flight) and return each one's samples, in the order
@@ -117,19 +126,26 @@ class Requests:
         return {item_id: found.pop(item_id) for item_id in ids}
 
     def _close_locked(self) -> None:
-        bridge, batches, feed = self._bridge, self._batches, self._feed
+        stop, self._stop = self._stop, None
         self._bridge = self._batches = self._feed = None
         self._found.clear()
         self._ended.clear()
-        if feed is not None:
-            feed.close()
-        close = getattr(batches, "close", None)  # a generator: closed so that it ends here, not at collection
-        if close is not None:
-            close()
-        if bridge is not None:
-            bridge.close()
+        if stop is not None:
+            stop()  # runs once: a later collection of this object does nothing
 
     def close(self) -> None:
         """Stop the engine and its loop thread. Idempotent; ``fetch`` afterwards starts a new one."""
         with self._lock:
             self._close_locked()
+
+
+def _stop_bridge(pid: int, feed: ItemFeed, batches: Iterator[list[Any]], bridge: Bridge) -> None:
+    """Close a :class:`Requests`' engine: its feed, its hand-off generator (so that it ends here, not at its own
+    collection) and its bridge. Nothing in a forked child, where the loop thread is the parent's."""
+    if os.getpid() != pid:
+        return
+    feed.close()
+    close = getattr(batches, "close", None)
+    if close is not None:
+        close()
+    bridge.close()
