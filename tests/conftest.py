@@ -31,6 +31,22 @@ def _scrub_cloud_env(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name, raising=False)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _no_engine_outlives_its_module(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A leak probe: every engine thread a test module started has stopped once the module's objects are gone.
+    An engine left running (an object dropped unclosed that does not stop its engine) keeps a loop thread and its
+    connections for the rest of the process, and whatever it still does (a retry's backoff) runs under the next
+    modules' tests."""
+    import gc
+
+    before = set(engine_threads())
+    yield
+    gc.collect()
+    if not wait_until(lambda: not [t for t in engine_threads() if t not in before], timeout=10):
+        left = [t for t in engine_threads() if t not in before]
+        pytest.fail(f"{request.module.__name__} left {len(left)} wds-async engine thread(s) running", pytrace=False)
+
+
 def _emulator(start: Callable[[], AbstractContextManager[str]], what: str) -> Iterator[str]:
     """The endpoint of an emulator started for one test module; its failure to start skips the module's tests
     (fails them under CI=true, see :func:`tests.emulators.unavailable`)."""
