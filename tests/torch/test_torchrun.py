@@ -112,7 +112,8 @@ class Launches:
             proc.wait(10)
 
     def start(self, torchrun_args: list[str], script_args: list[str], output: Path) -> subprocess.Popen[bytes]:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
+        # PYTHONFAULTHANDLER: a rank or worker sent SIGABRT by wait() on a hang prints every thread's stack first.
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "PYTHONFAULTHANDLER": "1",
                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
         cmd = [sys.executable, "-m", "torch.distributed.run", "--master-addr", "127.0.0.1",
                "--local-addr", "127.0.0.1", *torchrun_args, EXAMPLE, *script_args]
@@ -137,16 +138,37 @@ class Launches:
             self._observe()
             time.sleep(0.2)
         if any(proc.poll() is None for proc, _ in self.procs):
-            raise AssertionError(f"torchrun still running after {timeout:.0f} s (a hang?)\n{self.output()}")
+            self._dump_stacks()
+            raise AssertionError(f"torchrun still running after {timeout:.0f} s (a hang?)\n{self.output(20000)}")
         return [int(proc.returncode) for proc, _ in self.procs]
 
-    def output(self) -> str:
-        """Each launch's rank tracebacks (torchrun prefixes them with ``[rankN]:``) and its last lines."""
+    def _dump_stacks(self) -> None:
+        """Where a hung launch's ranks and DataLoader workers wait: SIGABRT makes each print its threads' stacks
+        (faulthandler) into the launch's output."""
+        for proc, _ in self.procs:
+            if proc.poll() is not None:
+                continue
+            try:
+                below = psutil.Process(proc.pid).children(recursive=True)
+            except psutil.Error:
+                continue
+            proc.send_signal(signal.SIGSTOP)  # torchrun would end the other ranks once the first one dies
+            for child in below:  # one at a time, so that their stacks do not interleave in the output
+                try:
+                    child.send_signal(signal.SIGABRT)
+                except psutil.Error:
+                    continue
+                time.sleep(0.3)
+            proc.send_signal(signal.SIGCONT)
+        time.sleep(2)
+
+    def output(self, tail: int = 2000) -> str:
+        """Each launch's rank tracebacks (torchrun prefixes them with ``[rankN]:``) and its last ``tail`` characters."""
         parts = []
         for _, path in self.procs:
             text = path.read_text(errors="replace")
             ranks = [line for line in text.splitlines() if line.startswith("[rank")][-80:]
-            parts.append(f"--- {path.name}:\n" + "\n".join(ranks) + f"\n...\n{text[-2000:]}")
+            parts.append(f"--- {path.name}:\n" + "\n".join(ranks) + f"\n...\n{text[-tail:]}")
         return "\n".join(parts)
 
 
