@@ -25,7 +25,7 @@ A failure to accept (out of descriptors, ``EMFILE``) never ends the service: the
 spare descriptor, told why in an ``error`` frame, closed, and the refusal logged.
 
 Lifetime: a second service on a live socket refuses to start (a lock file beside the socket, then a connect
-test); a socket file nobody answers on is replaced. SIGTERM and SIGINT stop it cleanly: sessions are
+test; :mod:`wds_async.service.listen`); a socket file nobody answers on is replaced. SIGTERM and SIGINT stop it cleanly: sessions are
 cancelled, backends closed, the socket and lock file removed.
 """
 
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import fcntl
 import json
 import logging
 import os
@@ -64,8 +63,9 @@ from .limits import (
     connection_cap,
     raise_fd_limit,
 )
-from .paths import check_length, peer_uid, prepare_directory
-from .protocol import MAX_REQUEST_FRAME, encode, error_to_json
+from .listen import bind, refuse, unbind
+from .paths import check_length, peer_uid
+from .protocol import MAX_REQUEST_FRAME
 from .session import Session
 from .validate import BACKEND_SETTINGS, check_settings
 
@@ -234,45 +234,13 @@ class Service:
                      "shards_done", "shards_skipped", "cache_hits", "cache_fills", "wait_seconds"):
             setattr(self._retired, name, getattr(self._retired, name) + getattr(session.stats, name))
 
-    # -- listening ---------------------------------------------------------------------------------------
-    def _bind(self) -> tuple[socket.socket, int]:
-        """The listening socket (mode 0600) and the held lock file; ServiceError if a service is alive."""
-        path = self.socket_path
-        prepare_directory(path)
-        lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(lock)
-            raise ServiceError("a wds-async service is already running on this socket; stop it first or choose "
-                               "another --socket (each job needs its own)", url=path) from None
-        try:
-            if os.path.exists(path):
-                if _answers(path):
-                    raise ServiceError("a wds-async service already answers on this socket; stop it first or "
-                                       "choose another --socket", url=path)
-                os.unlink(path)  # stale: its service died without removing it
-            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            old = os.umask(0o177)  # the socket is born 0600: no moment where others may connect
-            try:
-                listener.bind(path)
-            finally:
-                os.umask(old)
-            os.chmod(path, 0o600)
-            listener.listen(128)
-            listener.setblocking(False)
-        except BaseException:
-            os.close(lock)
-            raise
-        return listener, lock
-
     async def run(self, on_ready: Callable[[], None] | None = None) -> None:
         """Serve until :meth:`stop` (or SIGTERM/SIGINT when installed by :func:`serve`)."""
         self._stop = asyncio.Event()
         self.fd_limit = raise_fd_limit()
         if self.max_clients is None:
             self.max_clients = connection_cap(self.fd_limit, self.node_connections)
-        listener, lock = self._bind()
+        listener, lock = bind(self.socket_path)
         spare = SpareDescriptor()
         log.info("wds-async service listening on %s (pid %d; at most %d connections per user, %d descriptors)",
                  self.socket_path, os.getpid(), self.max_clients, self.fd_limit)
@@ -292,14 +260,8 @@ class Service:
                 for task in list(self._tasks.values()):
                     task.cancel()
         finally:
-            listener.close()
+            unbind(self.socket_path, listener, lock)
             spare.close()
-            for path in (self.socket_path, self.socket_path + ".lock"):
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    pass
-            os.close(lock)
             for backends in self._backends.values():
                 await backends.aclose()
             log.info("wds-async service on %s stopped", self.socket_path)
@@ -364,17 +326,9 @@ class Service:
         self._refusals.refused(reason, message)
 
     def _refuse(self, conn: socket.socket, reason: str, message: str) -> None:
-        """Tell a connection it is refused (an ``error`` frame, best effort, never waiting), close it, log it."""
+        """Tell a connection it is refused and close it (:func:`~wds_async.service.listen.refuse`); count and log it."""
         self._refused(reason, message)
-        error = ServiceError(f"the wds-async service at {self.socket_path} refused this connection: {message}",
-                             url=self.socket_path)
-        try:
-            conn.setblocking(False)
-            conn.send(encode({"type": "error", "error": error_to_json(error)}))
-        except OSError:
-            pass
-        finally:
-            conn.close()
+        refuse(conn, self.socket_path, message)
 
     async def _session(self, session: Session) -> None:
         try:
@@ -386,19 +340,6 @@ class Service:
                 self._connections[session.uid] = left
             else:
                 self._connections.pop(session.uid, None)
-
-
-def _answers(path: str) -> bool:
-    """True when something accepts connections on the Unix socket at ``path``."""
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(2.0)
-    try:
-        probe.connect(path)
-        return True
-    except OSError:
-        return False
-    finally:
-        probe.close()
 
 
 def serve(socket_path: str | None = None, *, on_ready: Callable[[], None] | None = None,
