@@ -40,11 +40,15 @@ def _no_engine_outlives_its_module(request: pytest.FixtureRequest) -> Iterator[N
     import gc
 
     before = set(engine_threads())
+
+    def started_here() -> list[threading.Thread]:
+        return [t for t in engine_threads() if t not in before]
+
     yield
     gc.collect()
-    if not wait_until(lambda: not [t for t in engine_threads() if t not in before], timeout=10):
-        left = [t for t in engine_threads() if t not in before]
-        pytest.fail(f"{request.module.__name__} left {len(left)} wds-async engine thread(s) running", pytrace=False)
+    if not wait_until(lambda: not started_here(), timeout=10):
+        pytest.fail(f"{request.module.__name__} left {len(started_here())} wds-async engine thread(s) running",
+                    pytrace=False)
 
 
 def _emulator(start: Callable[[], AbstractContextManager[str]], what: str) -> Iterator[str]:

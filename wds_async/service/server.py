@@ -25,8 +25,8 @@ A failure to accept (out of descriptors, ``EMFILE``) never ends the service: the
 spare descriptor, told why in an ``error`` frame, closed, and the refusal logged.
 
 Lifetime: a second service on a live socket refuses to start (a lock file beside the socket, then a connect
-test; :mod:`wds_async.service.listen`); a socket file nobody answers on is replaced. SIGTERM and SIGINT stop it cleanly: sessions are
-cancelled, backends closed, the socket and lock file removed.
+test; :mod:`wds_async.service.listen`); a socket file nobody answers on is replaced. SIGTERM and SIGINT stop it
+cleanly: sessions are cancelled, backends closed, the socket and lock file removed.
 """
 
 from __future__ import annotations
