@@ -2,6 +2,7 @@
 
     python -m benchmarks.autotune                       # scenarios a, b, c
     python -m benchmarks.autotune --scenarios c --json out.json
+    python -m benchmarks.autotune --scenarios b --budget 512MiB   # the loader with another byte budget
 
 Scenarios (issue 9):
 
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.make_shards import make_shards
+from benchmarks.make_shards import make_shards, parse_size
 from emustore import Knobs, StoreProcess
 
 MB = 1e6
@@ -67,14 +68,15 @@ def _poll_stats(ds: Any, done: threading.Event, timeline: list[tuple[float, int,
         timeline.append((time.perf_counter() - started, s["requests"], s["throttled"]))
 
 
-def _run(urls: list[str], connections: int | str, epochs: int) -> list[dict[str, Any]]:
+def _run(urls: list[str], connections: int | str, epochs: int, budget: int | None = None) -> list[dict[str, Any]]:
     import wds_async as wds
 
     # Patient retries for every run: a fixed level above the store's limit must finish (with rejections)
     # for the sweep to have a value there.
     retry = wds.RetryPolicy(attempts=1000, base_delay=0.05, max_delay=1.0, deadline=600)
+    options: dict[str, Any] = {} if budget is None else {"max_buffered_bytes": budget}
     ds = wds.WebDataset(urls, max_connections=connections, nodesplitter=None, workersplitter=None, shardshuffle=False,
-                        retry=retry)
+                        retry=retry, **options)
     results = []
     for _ in range(epochs):
         timeline: list[tuple[float, int, int]] = []
@@ -137,7 +139,7 @@ def _raw(urls: list[str], connections: int) -> dict[str, Any]:
     return {"connections": connections, "wall_s": wall, "mb_per_s": total / wall / MB}
 
 
-def run_scenario(sc: Scenario, root: Path) -> dict[str, Any]:
+def run_scenario(sc: Scenario, root: Path, budget: int | None = None) -> dict[str, Any]:
     folder = root / f"{sc.shards}x{sc.shard_bytes}"
     make_shards(folder, n_shards=sc.shards, shard_bytes=sc.shard_bytes, sample_bytes=min(100 << 10, sc.shard_bytes // 8))
     with StoreProcess(folder, sc.knobs) as store:
@@ -149,10 +151,10 @@ def run_scenario(sc: Scenario, root: Path) -> dict[str, Any]:
                   file=sys.stderr, flush=True)
         fixed = {}
         for level in sc.levels:
-            fixed[level] = _run(urls, level, 1)[0]
+            fixed[level] = _run(urls, level, 1, budget)[0]
             print(f"  [{sc.name}] fixed {level:4d}: {fixed[level]['mb_per_s']:7.1f} MB/s "
                   f"(throttled {fixed[level]['throttled']})", file=sys.stderr, flush=True)
-        auto = _run(urls, "auto", sc.epochs)
+        auto = _run(urls, "auto", sc.epochs, budget)
         for i, r in enumerate(auto):
             print(f"  [{sc.name}] auto epoch {i + 1}: {r['mb_per_s']:7.1f} MB/s at {r['concurrency']} "
                   f"({r['reason']})", file=sys.stderr, flush=True)
@@ -170,10 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenarios", default="a,b,c")
     parser.add_argument("--root", default="/tmp/wds-autotune-shards")
     parser.add_argument("--json", help="write every measurement here")
+    parser.add_argument("--budget", type=parse_size, help="the loader's max_buffered_bytes (default: the library's)")
     args = parser.parse_args(argv)
     out = []
     for name in args.scenarios.split(","):
-        out.append(run_scenario(SCENARIOS[name.strip()], Path(args.root)))
+        out.append(run_scenario(SCENARIOS[name.strip()], Path(args.root), args.budget))
     print(f"{'scenario':<64} {'best raw':>14} {'best fixed':>14} {'auto MB/s':>10} {'auto/best':>9} {'auto/raw':>8}  "
           f"{'auto ends at'}")
     for r in out:
