@@ -2,10 +2,10 @@
 
 A session answers ``hello`` with ``ready`` (the ring's descriptor passed along), then runs one
 :class:`~wds_async.engine.engine.Engine` per ``open`` over the client's work items, on the service's shared
-limiter and backends, into a channel and byte budget of its own. Its *pump* takes samples from that channel,
-copies their fields into the ring and sends their offsets; when the ring is full it waits for the client's
-``ack``, so a slow client fills only its own ring and budget, and its readers give their tokens back while
-they wait (``Engine(yield_tokens=True)``): other sessions keep the node's connections.
+limiter and backends, into a channel and byte budget of its own. Its *pump* (:mod:`~wds_async.service.pump`)
+takes samples from that channel, copies their fields into the ring and sends their offsets; when the ring is full
+it waits for the client's ``ack``, so a slow client fills only its own ring and budget, and its readers give their
+tokens back while they wait (``Engine(yield_tokens=True)``): other sessions keep the node's connections.
 
 Errors the engine hands to a handler are not decided here but by the client's handler, at the item's
 position (:mod:`wds_async.service.inband`). An error the engine raises outside any item ends the data, as
@@ -26,31 +26,28 @@ import array
 import asyncio
 import errno
 import logging
-import os
 import socket
-import time
 from asyncio import TaskGroup
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..backends.pipe import PipeBackend
 from ..cache.source import source_for
 from ..config import EngineConfig
-from ..engine.channel import SampleChannel
 from ..engine.engine import Engine
 from ..engine.failures import leaves
-from ..engine.grouping import Sample
 from ..engine.spec import StreamSpec
-from ..engine.work import ItemDone, WorkItem
-from ..errors import SampleError, ServiceError
+from ..engine.work import WorkItem
+from ..errors import ServiceError
 from ..io import BackendSet
 from ..io.backend import Backend
 from ..io.budget import ByteBudget
 from ..io.registry import backend_key
 from ..stats import Stats
-from .inband import InBand, InBandChannel
+from .inband import InBandChannel
 from .limits import FRAME_TIMEOUT, SMALL_FRAME
 from .protocol import MAX_REQUEST_FRAME, VERSION, FrameDecoder, encode, error_to_json, item_from_json
-from .ring import Ring, one_shot
+from .pump import Pump
+from .ring import Ring
 from .validate import check_backend_options, check_cache, check_items, pipe_context
 
 if TYPE_CHECKING:
@@ -62,9 +59,6 @@ __all__ = ["ServiceState", "Session"]
 
 log = logging.getLogger("wds_async")
 
-#: Seconds without anything to send after which the pump sends ``alive`` (the client's stall guard).
-ALIVE_SECONDS = 2.0
-_META = ("__key__", "__url__")
 
 
 class _Gone(Exception):
@@ -327,83 +321,15 @@ class Session:
             async with TaskGroup() as group:
                 task = group.create_task(engine.run())
                 try:
-                    await self._pump(channel, config.handoff_max_samples, config.handoff_bytes)
+                    assert self.ring is not None
+                    await Pump(self.ring, self._send, self._acked, self.stats).run(
+                        channel, config.handoff_max_samples, config.handoff_bytes)
                 finally:
                     if not task.done():
                         task.cancel()
                     channel.abandon()
         finally:
             self.service.release_backends(key)
-
-    async def _pump(self, channel: SampleChannel, max_items: int, max_bytes: int) -> None:
-        """Move the channel's items into the ring and their offsets to the client, in order."""
-        ring = self.ring
-        assert ring is not None
-        while True:
-            started = time.perf_counter()
-            try:
-                items, done = await asyncio.wait_for(channel.get_many(max_items, max_bytes), ALIVE_SECONDS)
-            except TimeoutError:
-                await self._send({"type": "alive"})
-                continue
-            finally:
-                self.stats.wait_seconds += time.perf_counter() - started
-            entries: list[Any] = []
-            span = 0
-            for item in items:
-                kind = type(item)
-                if kind is Sample:
-                    span = await self._put_sample(item, entries, span)
-                    self.stats.samples_delivered += 1
-                elif kind is ItemDone:
-                    entries.append(["d", item.id])
-                elif kind is InBand:
-                    level = "sample" if type(item.error) is SampleError else "item"
-                    entries.append(["e", error_to_json(item.error), level])
-                else:  # an error the engine raised outside any item: it ends the data
-                    entries.append(["e", error_to_json(item), "fatal"])
-            if entries:
-                await self._send({"type": "batch", "entries": entries, "span": span})
-            if done:
-                return
-
-    async def _put_sample(self, sample: Sample, entries: list[Any], span: int) -> int:
-        """Copy one sample's fields into the ring (waiting for acks, after sending what is pending, when it
-        is full) and add its entry; return the batch's span so far."""
-        ring = self.ring
-        assert ring is not None
-        names = [k for k in sample if k not in _META]
-        blocks: list[bytes] = [sample[k] for k in names]
-        total = sum(len(b) for b in blocks)
-        if not ring.fits(total):  # alone, in a file of its own (see ring.py)
-            if entries:
-                await self._send({"type": "batch", "entries": list(entries), "span": span})
-                entries.clear()
-            fd, offsets = one_shot(blocks)
-            try:
-                fields = [[n, o, len(b)] for n, o, b in zip(names, offsets, blocks)]
-                await self._send({"type": "batch", "entries": [_entry(sample, fields)], "span": 0}, [fd])
-            finally:
-                os.close(fd)
-            return 0
-        while True:
-            self._acked.clear()  # before any await: an ack that arrives while we send below is not lost
-            got = ring.allocate(total)
-            if got is not None:
-                break
-            if entries:  # the client can only ack what it has been told about
-                await self._send({"type": "batch", "entries": list(entries), "span": span})
-                entries.clear()
-                span = 0
-            await self._acked.wait()
-        at, consumed = got
-        fields = []
-        for name, block in zip(names, blocks):
-            ring.write(at, block)
-            fields.append([name, at, len(block)])
-            at += len(block)
-        entries.append(_entry(sample, fields))
-        return span + consumed
 
     def close(self) -> None:
         """Release the ring and the socket (idempotent)."""
@@ -420,10 +346,6 @@ def _gone(exc: BaseException) -> bool:
     if isinstance(exc, ServiceError):
         return False
     return isinstance(exc, (_Gone, ConnectionError, asyncio.CancelledError))
-
-
-def _entry(sample: Sample, fields: list[list[Any]]) -> list[Any]:
-    return ["s", sample["__key__"], sample.url, sample.offset, sample.end, sample.item, fields]
 
 
 async def _writable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
