@@ -222,6 +222,52 @@ async def test_file_backend_closes_after_a_cancelled_read(
     assert gated.errors == []  # the read returned before the close ran
 
 
+async def _read_range(backend: Any, path: Path, start: int, end: int) -> bytes:
+    async with backend.open(str(path), start=start, end=end) as stream:
+        return b"".join([chunk async for chunk in stream])
+
+
+async def test_file_backend_reads_a_page_cached_range_with_one_hop(
+    tmp_path: Path, gated: GatedExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A range of a file in the page cache costs one executor call, the open: it is read at its offset (no
+    seek) and closed on the loop (a reader's close writes nothing back)."""
+    from wds_async.backends import file as file_backend
+
+    monkeypatch.setattr(file_backend, "_cached", lambda fd, pos, n: True)
+    data = os.urandom(200_000)
+    path = tmp_path / "shard.tar"
+    path.write_bytes(data)
+    fds = len(os.listdir("/proc/self/fd"))
+    got = await _read_range(file_backend.FileBackend(chunk_bytes=30_000), path, 70_001, 150_000)
+    assert got == data[70_001:150_000]
+    assert len(gated.submitted) == 1  # the open; before: the open, a seek and the close
+    assert len(os.listdir("/proc/self/fd")) == fds  # closed
+
+
+@pytest.mark.parametrize("pread", [True, False], ids=["pread", "seek-and-read"])
+async def test_file_backend_reads_ranges_at_their_offset_from_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pread: bool
+) -> None:
+    """Page-cache misses read in the executor at their offset, chunk after chunk, where the platform has no
+    ``pread`` too; the file is closed after them."""
+    from wds_async.backends import file as file_backend
+
+    monkeypatch.setattr(file_backend, "_cached", lambda fd, pos, n: False)
+    if not pread:
+        monkeypatch.setattr(file_backend, "_PREAD", None)
+    data = os.urandom(200_000)
+    path = tmp_path / "shard.tar"
+    path.write_bytes(data)
+    backend = file_backend.FileBackend(chunk_bytes=30_000)
+    fds = len(os.listdir("/proc/self/fd"))
+    assert await _read_range(backend, path, 5, 199_990) == data[5:199_990]
+    assert await _read_range(backend, path, 123_456, 123_457) == data[123_456:123_457]
+    async with backend.open(str(path), start=190_000) as stream:  # to the end of the file
+        assert b"".join([chunk async for chunk in stream]) == data[190_000:]
+    assert len(os.listdir("/proc/self/fd")) == fds
+
+
 async def test_a_failed_commit_removes_the_temporary_file(tmp_path: Path) -> None:
     out = await AsyncFileWriter(tmp_path / "shard.tar").open()
     await out.write(b"x" * 10)
