@@ -50,9 +50,8 @@ _cleanups: set[asyncio.Future[None]] = set()
 
 
 def _close_now(f: AsyncFileIO) -> None:
-    """Close an unbuffered file on the calling thread (releasing a descriptor never waits on the disk): a
-    reader (:func:`close_reader`), or any file where no executor hop can be trusted to run. aiofiles keeps the
-    wrapped file as ``_file``."""
+    """Close an unbuffered file on the calling thread (releasing a descriptor never waits on the disk)
+    where no executor hop can be trusted to run: aiofiles keeps the wrapped file as ``_file``."""
     raw = getattr(f, "_file", None)
     if raw is not None:
         raw.close()
@@ -139,11 +138,13 @@ async def close_file(f: AsyncFileIO, *calls: Inflight) -> None:
 
 async def close_reader(f: AsyncFileIO, *calls: Inflight) -> None:
     """Close ``f``, a file opened for reading only: on the loop when none of ``calls`` is still in its thread
-    (the close writes nothing back), else as :func:`close_file` does. OSError from the close propagates."""
-    if any(inflight.pending for inflight in calls):
+    (the close writes nothing back), else (or if aiofiles no longer exposes the wrapped file) as
+    :func:`close_file` does. OSError from the close propagates."""
+    raw = getattr(f, "_file", None)  # the wrapped file (see _close_now)
+    if raw is None or any(inflight.pending for inflight in calls):
         await close_file(f, *calls)
         return
-    _close_now(f)
+    raw.close()
 
 
 def _write_error(exc: OSError, path: str, doing: str) -> BackendError:

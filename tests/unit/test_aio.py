@@ -245,6 +245,21 @@ async def test_file_backend_reads_a_page_cached_range_with_one_hop(
     assert len(os.listdir("/proc/self/fd")) == fds  # closed
 
 
+async def test_close_reader_without_the_wrapped_file_closes_through_aiofiles() -> None:
+    """Should aiofiles stop exposing the file it wraps, a reader is still closed (through its own close)."""
+    from wds_async._aio import close_reader
+
+    class Wrapper:
+        closed = False
+
+        async def close(self) -> None:
+            self.closed = True
+
+    f = Wrapper()
+    await close_reader(f)  # type: ignore[arg-type]
+    assert f.closed
+
+
 @pytest.mark.parametrize("pread", [True, False], ids=["pread", "seek-and-read"])
 async def test_file_backend_reads_ranges_at_their_offset_from_threads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pread: bool
