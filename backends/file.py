@@ -12,8 +12,8 @@ interleaved rounds) 1.02x MB/s, 1.02x CPU, where two copies of the same code dif
 
 Reads name their offset (``pread``), so a range starts with no seek, and a file opened for reading is closed
 on the loop (:func:`~wds_async._aio.close_reader`). A random-access read of one 64 KiB range in the page cache
-used to make three hops (the open, a seek, the close) and now makes one: 391 against 235-248 us of CPU per
-sample, 2,615-2,698 against 4,240-4,490 samples/s (``IndexedWebDataset`` over local shards, 4,000 random
+used to make three hops (the open, a seek, the close) and now makes one: 391 against 235-296 us of CPU per
+sample, 2,615-2,698 against 3,500-4,490 samples/s (``IndexedWebDataset`` over local shards, 4,000 random
 samples in batches of 64, one process).
 """
 
