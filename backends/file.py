@@ -103,7 +103,7 @@ class FileBackend:
     def __init__(self, *, chunk_bytes: int = 1 << 20) -> None:
         self.chunk_bytes = chunk_bytes
         #: One read in flight per open file, counted in the engine's budget while the file is open.
-        self.capabilities = Capabilities(listing=True, buffer_allowance=chunk_bytes)
+        self.capabilities = Capabilities(listing=True, buffer_allowance=chunk_bytes, local_reads=True)
 
     @asynccontextmanager
     async def open(self, url: str, *, start: int = 0, end: int | None = None) -> AsyncIterator[ByteStream]:

@@ -153,7 +153,8 @@ class EngineConfig:
             choose at run time, between ``min_connections`` and ``connection_cap``, starting at
             ``start_connections``; an int fixes it.
         min_connections / start_connections / connection_cap: the autotuner's floor, first value and
-            ceiling (the node budget lowers the ceiling to this process's share).
+            ceiling (the node budget lowers the ceiling to this process's share). A list of local files
+            starts at ``min_connections`` unless ``start_connections`` was changed (see docs/tuning.md).
         early_start: the autotuner's start-up check (see docs/tuning.md): once the first answers stream,
             where requests mostly wait for their first byte, the level jumps at once (for a known list, to
             at least half the items left) instead of ramping: a short epoch is over before a ramp from 32

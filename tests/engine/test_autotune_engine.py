@@ -173,3 +173,41 @@ def test_a_throttling_store_with_a_full_budget_does_not_hang(big_shards: Path) -
     per_pass = len(seen)
     assert per_pass and set(seen.values()) == {4}, "every sample of each of the 4 passes, once"
     assert ds.stats()["throttled"] > 0
+
+
+def test_local_files_start_at_the_floor_and_say_so(shards: Path) -> None:
+    """Local files have no time to first byte to hide, and the page cache already holds them: an autotuned engine
+    over them starts at ``min_connections`` (the old start of 32 read 32 shards ahead into the buffer), and the
+    same shards over http still start at ``start_connections``."""
+    paths = [str(p) for p in sorted(shards.glob("shard-*.tar"))]
+    local = wds.WebDataset(paths, nodesplitter=None, workersplitter=None)
+    it = iter(local)
+    next(it)
+    first = local.stats()
+    assert sum(1 for _ in it) == TOTAL - 1
+    assert (first["concurrency"], first["concurrency_reason"]) == (2, "start: local files, from min_connections")
+    # 40 shards of 1 MiB: starting at 32 buffered about 32 of them ahead of the consumer
+    assert local.stats()["peak_buffered_bytes"] < 16 * MiB, local.stats()
+    with StoreProcess(shards, Knobs()) as store:
+        remote = wds.WebDataset(_urls(store), nodesplitter=None, workersplitter=None)
+        it = iter(remote)
+        next(it)
+        assert remote.stats()["concurrency_reason"] != "start: local files, from min_connections"
+        assert sum(1 for _ in it) == TOTAL - 1
+
+
+def test_the_local_start_keeps_what_the_user_chose() -> None:
+    from wds_async.engine.engine import _all_local, start_level
+    from wds_async.io import BackendSet
+
+    budget = 256 * MiB
+    assert start_level(wds.EngineConfig(), budget, local=True) == 2
+    assert start_level(wds.EngineConfig(), budget) == 32
+    assert start_level(wds.EngineConfig(start_connections=16), budget, local=True) == 16  # chosen: kept
+    assert start_level(wds.EngineConfig(min_connections=4), budget, local=True) == 4
+    assert start_level(wds.EngineConfig(max_connections=8), budget, local=True) == 8  # fixed: not tuned
+    backends = BackendSet(wds.EngineConfig())
+    assert _all_local(["/data/a.tar", "file:///data/b.tar"], backends)
+    assert not _all_local(["/data/a.tar", "http://127.0.0.1:1/b.tar"], backends)
+    assert not _all_local(iter(["/data/a.tar"]), backends)  # a lazy stream: not known to be local
+    assert not _all_local([], backends)

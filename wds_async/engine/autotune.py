@@ -125,7 +125,7 @@ class Autotuner:
 
     def __init__(self, limiter: Limiter, stats: Stats, budget: ByteBudget | None, *, minimum: int, cap: int,
                  probe_every: float = 5.0, has_work: Callable[[], bool] = lambda: True,
-                 cold: bool = True) -> None:
+                 cold: bool = True, start_reason: str = "start") -> None:
         self.limiter = limiter
         #: False once the engine has handed out its last item: waiting readers then wait for nothing.
         self.has_work = has_work
@@ -147,7 +147,7 @@ class Autotuner:
         self._shedding = False           # the trim being judged was one of a saturated loop (see _saturated)
         self._sized = not cold           # the latency check has run (see ``size``); a learned start skips it
         self._size_from: tuple[float, int, int] | None = None  # (time, bytes read, streams) at its first tick
-        self._set(limiter.total, "start")
+        self._set(limiter.total, start_reason)
 
     # -- the loop ------------------------------------------------------------------------------------
     def interval(self) -> float:

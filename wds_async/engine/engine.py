@@ -41,6 +41,7 @@ from collections.abc import Iterable, Iterator, Sized
 
 from ..config import EngineConfig
 from ..io import BackendSet
+from ..io.backend import capabilities_of
 from ..io.budget import ByteBudget
 from ..io.source import ItemSource, StoreSource
 from ..stats import Stats
@@ -74,9 +75,28 @@ def connection_cap(config: EngineConfig, budget_limit: int) -> int:
     return min(config.connections, max(1, budget_limit // (2 * STREAM_ALLOWANCE)))
 
 
-def start_level(config: EngineConfig, budget_limit: int) -> int:
-    """The concurrency an engine of its own limiter starts at."""
-    return min(connection_cap(config, budget_limit), config.first_connections)
+def start_level(config: EngineConfig, budget_limit: int, *, local: bool = False) -> int:
+    """The concurrency an engine of its own limiter starts at: with ``local`` (every item from a backend with
+    ``local_reads``, and ``start_connections`` left at its default), an autotuned engine starts at its floor."""
+    first = config.first_connections
+    if local and config.autotune and config.start_connections == _DEFAULT_START:
+        first = config.min_connections
+    return min(connection_cap(config, budget_limit), first)
+
+
+#: ``EngineConfig.start_connections`` when the user left it alone.
+_DEFAULT_START: int = EngineConfig.start_connections
+
+
+def _all_local(urls: object, backends: BackendSet) -> bool:
+    """Whether ``urls``, a known list of URLs or work items, all come from backends with ``local_reads``."""
+    if isinstance(urls, ItemFeed) or not isinstance(urls, list) or not urls:
+        return False
+    for entry in urls:
+        url = entry.url if isinstance(entry, WorkItem) else str(entry)
+        if not capabilities_of(backends.for_url(url)).local_reads:
+            return False
+    return True
 
 
 class Engine:
@@ -125,9 +145,11 @@ class Engine:
             self.stats.concurrency = self.stats.concurrency_cap = self.limiter.total
             self.stats.concurrency_reason = "shared: the node service's limiter"
         elif config.autotune:
-            self.limiter = Limiter(start_level(config, self.budget.limit))
+            local = _all_local(self.urls, self.backends)
+            self.limiter = Limiter(start_level(config, self.budget.limit, local=local))
             tuner = Autotuner(self.limiter, self.stats, self.budget, minimum=min(config.min_connections, cap),
-                              cap=cap, has_work=lambda: not self._exhausted, cold=config.early_start)
+                              cap=cap, has_work=lambda: not self._exhausted, cold=config.early_start,
+                              start_reason="start: local files, from min_connections" if local else "start")
         else:
             self.limiter = Limiter(start_level(config, self.budget.limit))
             self.stats.concurrency = self.stats.concurrency_cap = cap

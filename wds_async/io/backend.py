@@ -106,6 +106,12 @@ class Capabilities:
     #: Bytes the transport may hold for one open stream outside the engine's counters (socket and parser
     #: buffers); the byte budget counts this much per open stream, so memory stays bounded at any concurrency.
     buffer_allowance: int = 1 << 20
+    #: Reads come from this machine's own storage (local files): there is no time to first byte to hide, and
+    #: the page cache already holds what was read recently. An autotuned engine whose items all come from such a
+    #: backend starts at ``min_connections`` rather than ``start_connections`` and ramps from there when more
+    #: readers pay (a cold disk, a network file system); reading 32 shards ahead of a consumer from the page
+    #: cache only copied them into a growing buffer.
+    local_reads: bool = False
 
     def __post_init__(self) -> None:
         if self.buffer_allowance < 0:
