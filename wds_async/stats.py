@@ -99,7 +99,7 @@ class Stats:
         end = self.finished if self.finished is not None else time.perf_counter()
         elapsed = max(end - self.started, 1e-9)
         return {
-            "elapsed_s": round(elapsed, 3),
+            "elapsed_s": round(elapsed, 4),  # as first_sample_s, which it must never read below
             "mb_per_s": round(self.bytes_read / elapsed / 1e6, 2),
             "samples_per_s": round(self.samples_delivered / elapsed, 1),
             "bytes_read": self.bytes_read,

@@ -194,6 +194,11 @@ def test_local_files_start_at_the_floor_and_say_so(shards: Path) -> None:
         next(it)
         assert remote.stats()["concurrency_reason"] != "start: local files, from min_connections"
         assert sum(1 for _ in it) == TOTAL - 1
+    chosen = wds.WebDataset(paths, nodesplitter=None, workersplitter=None, config=wds.EngineConfig(start_connections=8))
+    it = iter(chosen)
+    next(it)
+    assert (chosen.stats()["concurrency"], chosen.stats()["concurrency_reason"]) == (8, "start")  # kept, and said so
+    assert sum(1 for _ in it) == TOTAL - 1
 
 
 def test_the_local_start_keeps_what_the_user_chose() -> None:

@@ -151,7 +151,8 @@ class Engine:
             self.stats.concurrency = self.stats.concurrency_cap = self.limiter.total
             self.stats.concurrency_reason = "shared: the node service's limiter"
         elif config.autotune:
-            local = _all_local(self.urls, self.backends)
+            # (only where the start is the default: a chosen or learned start is kept, and its list never scanned)
+            local = config.start_connections == _DEFAULT_START and _all_local(self.urls, self.backends)
             self.limiter = Limiter(start_level(config, self.budget.limit, local=local))
             tuner = Autotuner(self.limiter, self.stats, self.budget, minimum=min(config.min_connections, cap),
                               cap=cap, has_work=lambda: not self._exhausted, cold=config.early_start,
