@@ -75,17 +75,21 @@ def connection_cap(config: EngineConfig, budget_limit: int) -> int:
     return min(config.connections, max(1, budget_limit // (2 * STREAM_ALLOWANCE)))
 
 
-def start_level(config: EngineConfig, budget_limit: int, *, local: bool = False) -> int:
-    """The concurrency an engine of its own limiter starts at: with ``local`` (every item from a backend with
-    ``local_reads``, and ``start_connections`` left at its default), an autotuned engine starts at its floor."""
-    first = config.first_connections
-    if local and config.autotune and config.start_connections == _DEFAULT_START:
-        first = config.min_connections
-    return min(connection_cap(config, budget_limit), first)
-
-
 #: ``EngineConfig.start_connections`` when the user left it alone.
 _DEFAULT_START: int = EngineConfig.start_connections
+
+
+def _may_start_local(config: EngineConfig) -> bool:
+    """Whether a list of local files may start at the floor: an autotuned start left at its default (a chosen or
+    learned start is kept)."""
+    return config.autotune and config.start_connections == _DEFAULT_START
+
+
+def start_level(config: EngineConfig, budget_limit: int, *, local: bool = False) -> int:
+    """The concurrency an engine of its own limiter starts at: with ``local`` (every item from a backend with
+    ``local_reads``), an autotuned engine whose start is the default starts at its floor."""
+    first = config.min_connections if local and _may_start_local(config) else config.first_connections
+    return min(connection_cap(config, budget_limit), first)
 
 
 #: How many of a list's first items :func:`_all_local` looks at: a pass over 100,000 shards would otherwise delay
@@ -151,8 +155,7 @@ class Engine:
             self.stats.concurrency = self.stats.concurrency_cap = self.limiter.total
             self.stats.concurrency_reason = "shared: the node service's limiter"
         elif config.autotune:
-            # (only where the start is the default: a chosen or learned start is kept, and its list never scanned)
-            local = config.start_connections == _DEFAULT_START and _all_local(self.urls, self.backends)
+            local = _may_start_local(config) and _all_local(self.urls, self.backends)  # (no scan otherwise)
             self.limiter = Limiter(start_level(config, self.budget.limit, local=local))
             tuner = Autotuner(self.limiter, self.stats, self.budget, minimum=min(config.min_connections, cap),
                               cap=cap, has_work=lambda: not self._exhausted, cold=config.early_start,
