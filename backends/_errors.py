@@ -14,7 +14,8 @@ of a request, in the shape of httpcore's ``map_exceptions``::
     exception                          before the headers                 reading the body
     TimeoutError (and aiohttp's)       TransientError "timed out ..."     TransientError "stalled ..."
     aiohttp.InvalidURL                 UrlError                           UrlError
-    ClientConnectorCertificateError    BackendError (TLS, names ca_file)  BackendError
+    ClientConnectorCertificateError,   BackendError (TLS, names ca_file)  BackendError
+      ssl.SSLCertVerificationError
     ClientPayloadError                 TransientError "closed mid-body"   TransientError "closed mid-body"
     ClientConnectionError, OSError     TransientError "connection failed" TransientError "read failed"
     any other aiohttp.ClientError      BackendError "request failed"      TransientError "read failed"
@@ -32,6 +33,7 @@ in :mod:`.base`, which does not import aiohttp.
 from __future__ import annotations
 
 import asyncio
+import ssl
 from types import TracebackType
 
 import aiohttp
@@ -55,7 +57,7 @@ AIOHTTP_ERRORS: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...
     (aiohttp.InvalidURL,
      (UrlError, "malformed URL"),
      (UrlError, "malformed URL")),
-    (aiohttp.ClientConnectorCertificateError,
+    ((aiohttp.ClientConnectorCertificateError, ssl.SSLCertVerificationError),
      (BackendError, "TLS certificate verification failed ({detail})" + _CA_HINT),
      (BackendError, "TLS certificate verification failed ({detail})" + _CA_HINT)),
     (aiohttp.ClientPayloadError,

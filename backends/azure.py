@@ -40,7 +40,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import quote, unquote, urlencode, urlsplit
 
-import aiohttp
 from azure.core.exceptions import ClientAuthenticationError
 from azure.storage.blob import BlobSasPermissions, ContainerSasPermissions, generate_blob_sas, generate_container_sas
 
@@ -49,7 +48,7 @@ from wds_async.io.backend import ByteStream, ObjectIdentity, glob_prefix, glob_r
 from wds_async.urls import redact_url
 
 from ._errors import map_aiohttp_errors
-from .http import HttpBackend
+from .http import Answer, HttpBackend
 
 __all__ = ["AzureBackend", "parse_connection_string"]
 
@@ -290,13 +289,18 @@ class AzureBackend(HttpBackend):
         return headers
 
     async def _send(self, method: str, url: str, target_url: str, headers: dict[str, str],
-                    start: int | None = None) -> aiohttp.ClientResponse:
-        """One request; any status but 200/206 becomes an error naming the user URL and credential."""
+                    start: int | None = None) -> Answer:
+        """One request (a GET through :meth:`get`, so the builtin client); any status but 200/206 becomes an error
+        naming the user URL and credential."""
         shown = redact_url(url)
-        with map_aiohttp_errors(shown, start):  # its messages are scrubbed: the request URL carries the SAS
-            session = self._get_session()
-            response = await session.request(method, target_url, **self.environment(target_url, headers),
-                                             allow_redirects=True)
+        response: Answer
+        if method == "GET":
+            response = await self.get(target_url, headers, shown, start or 0)
+        else:
+            with map_aiohttp_errors(shown, start):  # its messages are scrubbed: the request URL carries the SAS
+                session = self._get_session()
+                response = await session.request(method, target_url, **self.environment(target_url, headers),
+                                                 allow_redirects=True)
         if response.status in (200, 206):
             return response
         response.close()
@@ -336,7 +340,7 @@ class AzureBackend(HttpBackend):
             response = await self._send("GET", pattern, f"{base}?{query}", headers)
             try:
                 with map_aiohttp_errors(pattern, reading=True, read_timeout=self._timeout.sock_read):
-                    body = await response.read()
+                    body = await response.content.read()
             finally:
                 response.release()
             try:

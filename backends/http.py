@@ -4,6 +4,11 @@
   streams of a process share one pool.
 * ``ClientTimeout(total=None, sock_connect=..., sock_read=...)``: a shard may stream for hours; what
   must not happen is ``read_timeout`` seconds without a byte (a stall).
+* Bodies come through the builtin HTTP/1.1 client (:mod:`._h1`: fewer copies and less CPU per byte and per
+  request than aiohttp on the loop thread, which is what binds a busy loader), unless a proxy applies to the URL
+  or ``client="aiohttp"`` is given; a redirect answer is repeated through aiohttp, which follows it. HEAD
+  requests (``size``) and everything the cloud backends list or upload go through aiohttp. The two pools are
+  separate, so ``max_connections`` caps each of them.
 * ``open(start=N)`` sends ``Range: bytes=N-`` (or ``N-M``, never a suffix range). A server that answers
   200 instead of 206 ignored the range; the stream then discards the first ``N`` bytes itself.
 * A body shorter than its Content-Length raises :class:`~wds_async.errors.TransientError` with the
@@ -36,8 +41,14 @@ from wds_async.io.backend import ByteStream, Capabilities, ObjectIdentity, check
 from wds_async.urls import redact_text, redact_url
 
 from ._errors import map_aiohttp_errors
+from ._h1 import PAUSE_BYTES, READ_BYTES, H1Answer, H1Pool
 
-__all__ = ["HttpBackend"]
+__all__ = ["Answer", "HttpBackend"]
+
+#: An answer as the backends read it: aiohttp's, or the builtin client's (which offers the same subset).
+Answer = aiohttp.ClientResponse | H1Answer
+#: Which client sends the GETs of bodies (``backend_options={"http": {"client": ...}}``).
+CLIENTS = ("builtin", "aiohttp")
 
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 #: What a store's error body names: S3/Azure XML ``<Code>``, GCS JSON ``"reason"`` and ``"message"``.
@@ -68,6 +79,12 @@ def identity_from_headers(headers: Mapping[str, str], status: int) -> ObjectIden
 #: read (256 KiB in asyncio and uvloop), whatever the consumer does.
 READ_BUFSIZE = 64 << 10
 _SOCKET_READ = 256 << 10
+#: What one open answer may hold outside the engine's counters, whichever client reads it: aiohttp's buffer
+#: (up to twice READ_BUFSIZE plus one socket read), or the builtin client's receive buffer, what waits before it
+#: pauses and the read that crossed that line; and one more read for the chunk a reader takes just after its
+#: budget check.
+_ALLOWANCE = max(2 * READ_BUFSIZE + 2 * _SOCKET_READ, READ_BYTES + PAUSE_BYTES + 2 * READ_BYTES)
+_DEFAULT_HEADERS = {"User-Agent": "wds-async", "Accept-Encoding": "identity"}
 
 
 log = logging.getLogger("wds_async")
@@ -131,11 +148,10 @@ class HttpBackend:
     """Streams http(s) objects with ranged GETs on a shared aiohttp session."""
 
     #: ``open(..., expect=identity)`` makes the request conditional on that version (see ``conditions``).
-    #: The buffer allowance is what one open response may hold outside the engine's counters, which the engine
-    #: counts in its byte budget while the response is open: aiohttp's buffer (up to twice READ_BUFSIZE plus
-    #: one socket read) and one more socket read for the chunk a reader takes just after its budget check.
+    #: The buffer allowance is what one open response may hold outside the engine's counters (``_ALLOWANCE``),
+    #: which the engine counts in its byte budget while the response is open.
     #: A plain server may ignore Range (so ranges are not guaranteed) and has no list API.
-    capabilities = Capabilities(conditional_reads=True, buffer_allowance=2 * READ_BUFSIZE + 2 * _SOCKET_READ)
+    capabilities = Capabilities(conditional_reads=True, buffer_allowance=_ALLOWANCE)
 
     def __init__(
         self,
@@ -146,7 +162,12 @@ class HttpBackend:
         chunk_bytes: int = 1 << 20,
         headers: Mapping[str, str] | None = None,
         ca_file: str | None = None,
+        client: str = "builtin",
     ) -> None:
+        if client not in CLIENTS:
+            raise ValueError(f"client must be one of {', '.join(map(repr, CLIENTS))}, not {client!r}")
+        #: ``"builtin"`` (:mod:`._h1`) or ``"aiohttp"``: which client sends the GETs of bodies.
+        self.client = client
         self.max_connections = max_connections
         #: A PEM bundle to trust instead of the system's (a private CA, an emulator's self-signed one).
         self.ca_file = ca_file
@@ -154,7 +175,31 @@ class HttpBackend:
         self.headers = dict(headers or {})
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout)
         self._session: aiohttp.ClientSession | None = None
+        self._pool: H1Pool | None = None
+        self._tls: ssl.SSLContext | None = None
         self._env = _Environment.EMPTY
+        self._env_read = False
+
+    def _read_environment(self) -> None:
+        """Look up the proxies and .netrc once, at the first request of either client."""
+        if not self._env_read:
+            self._env_read = True
+            self._env = _Environment()
+
+    def _tls_context(self) -> ssl.SSLContext:
+        """The verifying TLS context of the builtin client (made at its first https connection: loading the
+        system's CAs costs milliseconds a plain-http job need not pay)."""
+        if self._tls is None:
+            self._tls = ssl.create_default_context(cafile=self.ca_file)
+        return self._tls
+
+    def _get_pool(self) -> H1Pool:
+        if self._pool is None:
+            self._read_environment()
+            self._pool = H1Pool(limit=self.max_connections, tls=self._tls_context,
+                                connect_timeout=self._timeout.sock_connect, read_timeout=self._timeout.sock_read,
+                                headers=_DEFAULT_HEADERS)
+        return self._pool
 
     def environment(self, target: str, headers: dict[str, str]) -> dict[str, Any]:
         """``headers`` plus what the environment adds to a request for ``target`` (a .netrc login; the proxy and its
@@ -170,11 +215,10 @@ class HttpBackend:
             connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, ttl_dns_cache=300, ssl=tls)
             # trust_env=False: aiohttp would read .netrc and the proxy variables again on every request, two thread
             # hops each time (about 300 us a request on two busy cores); _Environment reads them once instead.
-            self._env = _Environment()
+            self._read_environment()
             self._session = aiohttp.ClientSession(
                 connector=connector, timeout=self._timeout, auto_decompress=False, trust_env=False,
-                read_bufsize=READ_BUFSIZE,
-                headers={"User-Agent": "wds-async", "Accept-Encoding": "identity"},
+                read_bufsize=READ_BUFSIZE, headers=_DEFAULT_HEADERS,
             )
         return self._session
 
@@ -199,7 +243,7 @@ class HttpBackend:
         """Which credential source is in use, for permission errors (never a secret). Empty: none."""
         return ""
 
-    async def response_error(self, response: aiohttp.ClientResponse, shown: str, offset: int) -> Exception:
+    async def response_error(self, response: Answer, shown: str, offset: int) -> Exception:
         """The error for a non-2xx answer, with the store's error code when its body names one."""
         body = b""
         with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):  # the status alone still says enough
@@ -226,9 +270,7 @@ class HttpBackend:
         shown = redact_url(url)
         target, headers = await self.resolve(url, start, end)
         target = self.conditions(target, headers, expect)
-        session = self._get_session()
-        with map_aiohttp_errors(shown, start):
-            response = await session.get(target, **self.environment(target, headers), allow_redirects=True)
+        response = await self.get(target, headers, shown, start)
         if response.status not in (200, 206):
             try:
                 raise await self.response_error(response, shown, start)
@@ -237,8 +279,25 @@ class HttpBackend:
         async with self.streaming(response, shown, start, end) as stream:
             yield stream
 
+    async def get(self, target: str, headers: dict[str, str], shown: str, start: int) -> Answer:
+        """GET ``target`` (any status comes back): through the builtin client, unless a proxy applies to it or
+        ``client="aiohttp"``; a redirect it answers (a 3xx with a Location) is asked again through aiohttp, which
+        follows redirects."""
+        if self.client == "builtin":
+            pool = self._get_pool()
+            request = self.environment(target, headers)
+            if request["proxy"] is None:
+                with map_aiohttp_errors(shown, start):
+                    answer = await pool.get(target, request["headers"])
+                if not (300 <= answer.status < 400 and "Location" in answer.headers):
+                    return answer
+                answer.close()  # a redirect (a 3xx with nowhere to go is an answer, as aiohttp returns it)
+        session = self._get_session()
+        with map_aiohttp_errors(shown, start):
+            return await session.get(target, **self.environment(target, headers), allow_redirects=True)
+
     @asynccontextmanager
-    async def streaming(self, response: aiohttp.ClientResponse, shown: str, start: int, end: int | None
+    async def streaming(self, response: Answer, shown: str, start: int, end: int | None
                         ) -> AsyncIterator[ByteStream]:
         """Own a 200/206 ``response`` as a :class:`ByteStream`: on exit the chunk iterator is finalised and
         the connection returns to the pool when the body was read to the end, else it is closed."""
@@ -251,7 +310,7 @@ class HttpBackend:
         finally:
             response.release() if response.content.at_eof() else response.close()
 
-    def stream_from(self, response: aiohttp.ClientResponse, shown: str, start: int, end: int | None) -> ByteStream:
+    def stream_from(self, response: Answer, shown: str, start: int, end: int | None) -> ByteStream:
         """The :class:`ByteStream` of a 200/206 response to a request for ``[start, end)``; a 200 to a
         ranged request (the server ignored Range) skips the first ``start`` bytes itself."""
         skip = start if (response.status == 200 and start) else 0
@@ -265,7 +324,7 @@ class HttpBackend:
         )
 
     async def _chunks(
-        self, response: aiohttp.ClientResponse, url: str, start: int, skip: int, length: int | None,
+        self, response: Answer, url: str, start: int, skip: int, length: int | None,
         end: int | None,
     ) -> AsyncIterator[bytes]:
         received = 0  # bytes of the body, including skipped ones
@@ -325,6 +384,9 @@ class HttpBackend:
                            "shard-{000000..000099}.tar", url=redact_url(pattern))
 
     async def aclose(self) -> None:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            await pool.aclose()
         if self._session is not None:
             session, self._session = self._session, None
             await session.close()

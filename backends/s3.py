@@ -55,7 +55,7 @@ from wds_async.errors import BackendError, PermissionDenied, TransientError, Url
 from wds_async.io.backend import ByteStream, ObjectIdentity, glob_prefix, glob_regex, status_error
 from wds_async.urls import redact_text
 
-from .http import HttpBackend
+from .http import Answer, HttpBackend
 from .s3_clients import client_future, credentials_future, env_endpoint, make_client
 
 __all__ = ["S3Backend", "WrongRegion", "client_future", "make_client", "split_s3_url"]
@@ -208,7 +208,7 @@ class S3Backend(HttpBackend):
                   "{'s3': {'region': %r}} avoids this first redirect)", bucket, region, region)
         self.bucket_regions[bucket] = region
 
-    async def response_error(self, response: aiohttp.ClientResponse, shown: str, offset: int) -> Exception:
+    async def response_error(self, response: Answer, shown: str, offset: int) -> Exception:
         """A :class:`WrongRegion` when S3 names another region for the bucket than the one the request was
         signed for (301/307 or 400, from the ``x-amz-bucket-region`` header or the XML ``<Region>``)."""
         if response.status not in (301, 307, 400):

@@ -1,6 +1,7 @@
 """CPU per byte: the loader beside raw download and beside the webdataset package, case by case.
 
     python benchmarks/cpu.py [--cases http,small,large] [--repeat 3] [--tree DIR ...]
+    python -m benchmarks.cpu --cases http --client builtin --client aiohttp     # the two http clients, in turn
 
 Three cases, each measured side by side in one run, every phase in a fresh subprocess so that its
 wall time, CPU time (user+system of the whole process, all threads) and byte count are its own:
@@ -15,6 +16,8 @@ wall time, CPU time (user+system of the whole process, all threads) and byte cou
 Phases are interleaved across ``--repeat`` rounds (and across ``--tree`` library trees, for an A/B of
 two checkouts of wds_async: each tree is put first on ``PYTHONPATH`` of its phases) and the best round
 of each phase is reported: highest MB/s, lowest CPU s/GB. Shards are generated once under ``--dir``.
+``--client`` (repeatable) runs the http case's phases with that http client (``backend_options={"client": ...}``:
+``builtin`` or ``aiohttp``), interleaved like trees; without it the backend's default is used.
 """
 
 from __future__ import annotations
@@ -43,14 +46,14 @@ CASES: dict[str, tuple[int, int, int, tuple[str, ...]]] = {
 
 # -- phases (run in the child process) -----------------------------------------------------------
 
-def _phase_raw(urls: list[str], connections: int) -> dict[str, Any]:
+def _phase_raw(urls: list[str], connections: int, options: dict[str, Any]) -> dict[str, Any]:
     import asyncio
 
     from wds_async._loop import run_private
     from wds_async.io.rawread import drain, raw_backends
 
     async def download_all() -> int:
-        async with raw_backends(connections) as backends:
+        async with raw_backends(connections, options) as backends:
             shards = iter(urls)
 
             async def worker() -> int:
@@ -61,10 +64,11 @@ def _phase_raw(urls: list[str], connections: int) -> dict[str, Any]:
     return {"bytes": run_private(download_all), "samples": None}
 
 
-def _phase_loader(urls: list[str], connections: int) -> dict[str, Any]:
+def _phase_loader(urls: list[str], connections: int, options: dict[str, Any]) -> dict[str, Any]:
     import wds_async
 
-    ds = wds_async.WebDataset(urls, nodesplitter=None, workersplitter=None, max_connections=connections or None)
+    ds = wds_async.WebDataset(urls, nodesplitter=None, workersplitter=None, max_connections=connections or None,
+                              backend_options=options or None)
     samples = 0
     for _ in ds:
         samples += 1
@@ -83,7 +87,7 @@ def _phase_webdataset(urls: list[str]) -> dict[str, Any]:
     return {"bytes": sum(os.path.getsize(u) for u in urls), "samples": samples}
 
 
-def phase_main(phase: str, urls: list[str], connections: int) -> dict[str, Any]:
+def phase_main(phase: str, urls: list[str], connections: int, client: str | None = None) -> dict[str, Any]:
     """Run one phase in this process; wall and CPU seconds are measured around it. Imports are not: they
     are a one-off per process (aiohttp alone is ~0.2 CPU s, which would be ~0.4 s/GB of a 0.5 GB case)."""
     with contextlib.suppress(ImportError):
@@ -97,10 +101,11 @@ def phase_main(phase: str, urls: list[str], connections: int) -> dict[str, Any]:
     if phase == "webdataset":
         import webdataset  # type: ignore[import-untyped]  # noqa: F401
     started, cpu0 = time.perf_counter(), time.process_time()
+    options = {"client": client} if client else {}
     if phase == "raw":
-        result = _phase_raw(urls, connections)
+        result = _phase_raw(urls, connections, options)
     elif phase == "wds-async":
-        result = _phase_loader(urls, connections)
+        result = _phase_loader(urls, connections, options)
     else:
         result = _phase_webdataset(urls)
     result.update(wall_s=time.perf_counter() - started, cpu_s=time.process_time() - cpu0)
@@ -109,11 +114,21 @@ def phase_main(phase: str, urls: list[str], connections: int) -> dict[str, Any]:
 
 # -- driver -------------------------------------------------------------------------------------
 
-def _run(tree: Path, phase: str, urls: list[str], connections: int) -> dict[str, Any]:
+#: A library tree and the http client its phases use (None: the backend's default).
+Variant = tuple[Path, str | None]
+
+
+def _label(variant: Variant) -> str:
+    tree, client = variant
+    return str(tree)[-22:] if client is None else f"{str(tree)[-13:]}:{client}"[-22:]
+
+
+def _run(variant: Variant, phase: str, urls: list[str], connections: int) -> dict[str, Any]:
+    tree, client = variant
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree), env.get("PYTHONPATH")]))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--phase", phase, "--connections", str(connections),
-           "--", *urls]
+           *(["--client", client] if client else []), "--", *urls]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(tree), timeout=900)
     if proc.returncode != 0:
         raise RuntimeError(f"phase {phase} ({tree}) failed:\n{proc.stderr[-3000:]}")
@@ -132,34 +147,34 @@ def _shards(base: Path, case: str) -> list[str]:
     return [str(p) for p in make_shards(base / case, n_shards=n, shard_bytes=shard_bytes, sample_bytes=sample_bytes)]
 
 
-def _measure(case: str, urls: list[str], trees: list[Path], repeat: int, connections: int
+def _measure(case: str, urls: list[str], variants: list[Variant], repeat: int, connections: int
              ) -> dict[tuple[str, str], list[dict[str, Any]]]:
     phases = CASES[case][3]
     rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for _ in range(repeat):
-        for tree in trees:
+        for variant in variants:
             for phase in phases:
                 # The local cases use the loader's defaults, as a user would; http names the connections.
                 conns = connections if case == "http" else 0
-                rows.setdefault((str(tree), phase), []).append(_run(tree, phase, urls, conns))
+                rows.setdefault((_label(variant), phase), []).append(_run(variant, phase, urls, conns))
     return rows
 
 
-def _report(case: str, rows: dict[tuple[str, str], list[dict[str, Any]]], trees: list[Path]) -> None:
+def _report(case: str, rows: dict[tuple[str, str], list[dict[str, Any]]], variants: list[Variant]) -> None:
     phases = CASES[case][3]
     n, shard_bytes, sample_bytes, _ = CASES[case]
     print(f"\n[{case}] {n} shards x {shard_bytes >> 20} MiB, {sample_bytes >> 10} KiB samples "
           f"(best of {len(next(iter(rows.values())))})")
     print(f"{'tree':<22}{'phase':<12}{'MB/s':>9}{'samples/s':>11}{'CPU s/GB':>10}{'samples':>9}")
-    for tree in trees:
+    for variant in variants:
         best: dict[str, dict[str, Any]] = {}
         for phase in phases:
-            runs = rows[(str(tree), phase)]
+            runs = rows[(_label(variant), phase)]
             b = {"mb_s": max(r["mb_s"] for r in runs), "cpu_s_gb": min(r["cpu_s_gb"] for r in runs),
                  "samples_s": max((r["samples_s"] or 0) for r in runs), "samples": runs[0]["samples"]}
             best[phase] = b
             sps = f"{b['samples_s']:.0f}" if b["samples_s"] else "-"
-            print(f"{str(tree)[-22:]:<22}{phase:<12}{b['mb_s']:>9.1f}{sps:>11}{b['cpu_s_gb']:>10.2f}"
+            print(f"{_label(variant):<22}{phase:<12}{b['mb_s']:>9.1f}{sps:>11}{b['cpu_s_gb']:>10.2f}"
                   f"{b['samples'] if b['samples'] is not None else '-':>9}")
         other = next(phase for phase in phases if phase != "wds-async")
         ours, theirs = best["wds-async"], best[other]
@@ -174,13 +189,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--tree", action="append", type=Path, help="wds_async checkout(s) to compare (default: this one)")
     p.add_argument("--dir", type=Path, default=ROOT / ".bench" / "cpu", help="where shards are generated")
     p.add_argument("-c", "--connections", type=int, default=16, help="connections of the http case")
+    p.add_argument("--client", action="append", choices=("builtin", "aiohttp"),
+                   help="the http case's http client (repeatable; default: the backend's own default)")
     p.add_argument("--phase", choices=("raw", "wds-async", "webdataset"), help=argparse.SUPPRESS)
     p.add_argument("urls", nargs="*", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.phase:
-        print(json.dumps(phase_main(args.phase, args.urls, args.connections)))
+        print(json.dumps(phase_main(args.phase, args.urls, args.connections, (args.client or [None])[0])))
         return 0
     trees = [t.resolve() for t in (args.tree or [ROOT])]
+    clients: list[str | None] = list(args.client or [None])
     for case in args.cases.split(","):
         paths = _shards(args.dir, case)
         if case == "http":
@@ -188,10 +206,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             with StoreProcess(args.dir / case, Knobs()) as store:
                 urls = [store.url(Path(path).name) for path in paths]
-                rows = _measure(case, urls, trees, args.repeat, args.connections)
+                variants = [(tree, client) for tree in trees for client in clients]
+                rows = _measure(case, urls, variants, args.repeat, args.connections)
         else:
-            rows = _measure(case, paths, trees, args.repeat, args.connections)
-        _report(case, rows, trees)
+            variants = [(tree, None) for tree in trees]
+            rows = _measure(case, paths, variants, args.repeat, args.connections)
+        _report(case, rows, variants)
     return 0
 
 

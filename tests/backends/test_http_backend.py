@@ -10,6 +10,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,23 +26,38 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Sto
         yield root, store
 
 
+def http_env(served: tuple[Path, StoreProcess], client: str | None = None) -> ContractEnv:
+    """The contract's environment on the emulated store, with the backend's default client or the one named."""
+    root, store = served
+    prefix = f"t{uuid.uuid4().hex[:12]}"  # a folder per test, as the cloud suites use a bucket per test
+
+    def put(name: str, data: bytes) -> None:
+        path = root / prefix / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".wds-tmp-{path.name}")  # the store maps files: never rewrite one in place
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+
+    options: dict[str, Any] = {} if client is None else {"client": client}
+    return ContractEnv(
+        make_backend=lambda max_connections=32: HttpBackend(max_connections=max_connections, **options),
+        url=lambda name: f"{store.base_url}{prefix}/{name}",
+        put=put,
+        dataset_options={"backend_options": options} if options else {},
+        lists=False,
+    )
+
+
 class TestHttpBackend(BackendContract):
     @pytest.fixture()
     def env(self, served: tuple[Path, StoreProcess]) -> ContractEnv:
-        root, store = served
-        prefix = f"t{uuid.uuid4().hex[:12]}"  # a folder per test, as the cloud suites use a bucket per test
+        return http_env(served)
 
-        def put(name: str, data: bytes) -> None:
-            path = root / prefix / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".wds-tmp-{path.name}")  # the store maps files: never rewrite one in place
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
 
-        return ContractEnv(
-            make_backend=lambda max_connections=32: HttpBackend(max_connections=max_connections),
-            url=lambda name: f"{store.base_url}{prefix}/{name}",
-            put=put,
-            dataset_options={},
-            lists=False,
-        )
+class TestHttpBackendThroughAiohttp(BackendContract):
+    """The same contract with ``client="aiohttp"``: the path that a proxy from the environment, a redirect or the
+    option takes, which the default (the builtin client) no longer exercises."""
+
+    @pytest.fixture()
+    def env(self, served: tuple[Path, StoreProcess]) -> ContractEnv:
+        return http_env(served, "aiohttp")
