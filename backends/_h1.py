@@ -14,9 +14,10 @@ What it does:
   ``keepalive`` seconds idle; at most ``limit`` connections are in use at once (idle ones do not count).
   A reused connection that the server closed while it was idle is replaced once, before any byte of the answer.
 * Bodies framed by Content-Length, by the chunked transfer coding, or by the connection's close.
-* Flow control: a connection stops reading from its socket while ``PAUSE_BYTES`` of body wait for the reader,
-  so the memory one answer holds outside the engine's byte budget is at most its receive buffer
-  (``READ_BYTES``) plus ``PAUSE_BYTES`` plus one socket read: within ``HttpBackend.capabilities.buffer_allowance``.
+* Flow control: a connection stops reading from its socket, and drops its receive buffer, while ``PAUSE_BYTES`` of
+  body wait for the reader in pieces. So the memory one answer holds outside the engine's byte budget is at most
+  ``READ_BYTES + PAUSE_BYTES`` (the buffer and what waits, or what waits after the piece that crossed the line):
+  with the piece a reader holds before counting it, within ``HttpBackend.capabilities.buffer_allowance``.
 * The receive buffer is filled across socket reads while the reader is busy and handed over as one ``bytes``
   when the reader asks (or the buffer is full): one copy per byte, like the socket's own, and fewer, larger
   pieces for the engine when the loop is busy.
@@ -48,9 +49,11 @@ from yarl import URL
 
 __all__ = ["H1Answer", "H1Pool", "MalformedAnswer", "READ_BYTES", "PAUSE_BYTES"]
 
-#: The receive buffer of a connection while an answer is read (allocated per answer, not kept while idle).
-READ_BYTES = 128 << 10
-#: A connection stops reading from its socket while this much body waits for its reader.
+#: The receive buffer of a connection while an answer is read and its socket is not paused (allocated per answer,
+#: dropped while paused or idle). The pieces it hands over are up to this size: fewer, larger pieces cost the engine
+#: less (1 GB through the loader, medians of 5 side by side: 256 KiB 1.04-1.07x the MB/s of aiohttp, 160 KiB 0.98x).
+READ_BYTES = 256 << 10
+#: A connection stops reading from its socket while this much body waits for its reader in pieces.
 PAUSE_BYTES = 128 << 10
 #: An answer's head (status line and headers) larger than this is refused as malformed.
 MAX_HEAD_BYTES = 64 << 10
@@ -77,6 +80,9 @@ class _Wire(asyncio.BufferedProtocol):
         self.error: BaseException | None = None
         self.paused = False
         self.received = 0  # bytes since the connection was made or went idle: 0 means the server said nothing
+        self.stirred = 0.0  # the loop's time when bytes last came or a wait began: a stall is measured from it
+        self.watch: asyncio.TimerHandle | None = None
+        self.stall: float | None = None
 
     # -- the transport's side ------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -88,15 +94,13 @@ class _Wire(asyncio.BufferedProtocol):
         return memoryview(self.buf)[self.fill:]
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self.watch is not None:
+            self.stirred = time.monotonic()
         self.fill += nbytes
         self.received += nbytes
-        self.queued += nbytes
-        if self.waiter is not None or self.fill >= READ_BYTES - 4096:
+        if self.waiter is not None or self.fill >= len(self.buf or b"") - 4096:
             self._flush()
             self._wake()
-        if self.queued >= PAUSE_BYTES and not self.paused and self.transport is not None:
-            self.paused = True
-            self.transport.pause_reading()
 
     def eof_received(self) -> bool:
         self.closed = True
@@ -112,9 +116,16 @@ class _Wire(asyncio.BufferedProtocol):
 
     # -- the reader's side ---------------------------------------------------------------------------------
     def _flush(self) -> None:
+        """Hand the buffer's bytes over as one piece; pause the socket (and drop the buffer) when the pieces
+        waiting reach ``PAUSE_BYTES``."""
         if self.fill and self.buf is not None:
             self.pieces.append(bytes(memoryview(self.buf)[: self.fill]))
+            self.queued += self.fill
             self.fill = 0
+            if self.queued >= PAUSE_BYTES and not self.paused and not self.closed and self.transport is not None:
+                self.paused = True
+                self.buf = None
+                self.transport.pause_reading()
 
     def _wake(self) -> None:
         waiter, self.waiter = self.waiter, None
@@ -140,19 +151,43 @@ class _Wire(asyncio.BufferedProtocol):
         self.queued += len(piece)
 
     async def wait(self, stall: float | None) -> None:
-        """Until the server sends more or closes; ``TimeoutError`` after ``stall`` seconds of neither."""
-        self.waiter = asyncio.get_running_loop().create_future()
-        if stall is None:
-            await self.waiter
-            return
-        async with asyncio.timeout(stall):
-            await self.waiter
+        """Until the server sends more or closes; ``TimeoutError`` after ``stall`` seconds of neither.
+
+        The stall is watched by one timer per connection, re-armed for what is left when it fires early, rather
+        than a timeout per wait (``asyncio.timeout`` schedules and cancels a timer each time: 5-10% of the loop
+        thread when every socket read wakes a reader)."""
+        loop = asyncio.get_running_loop()
+        self.waiter = waiter = loop.create_future()
+        if stall is not None:
+            self.stirred = time.monotonic()
+            self.stall = stall
+            if self.watch is None:
+                self.watch = loop.call_later(stall, self._watchdog)
+        await waiter
+
+    def _watchdog(self) -> None:
+        self.watch = None
+        waiter, stall = self.waiter, self.stall
+        if waiter is None or waiter.done() or stall is None:
+            return  # nobody waits: a reader that comes back arms it again
+        quiet = time.monotonic() - self.stirred
+        if quiet >= stall:
+            self.waiter = None
+            waiter.set_exception(TimeoutError(f"no data for {stall:g} s"))
+        else:
+            self.watch = asyncio.get_running_loop().call_later(stall - quiet, self._watchdog)
+
+    def _unwatch(self) -> None:
+        if self.watch is not None:
+            self.watch.cancel()
+            self.watch = None
 
     def idle(self) -> None:
         """Between answers: no buffer held, nothing pending, reading on (to see the server close it)."""
         self.buf = None
         self.fill = 0
         self.received = 0
+        self._unwatch()
         if self.paused and self.transport is not None:
             self.paused = False
             self.transport.resume_reading()
@@ -161,6 +196,7 @@ class _Wire(asyncio.BufferedProtocol):
         """Drop the connection now: ``abort``, not ``close``, as nothing it holds is worth a flush, and a TLS
         ``close`` waits for the peer's close_notify (up to 30 s), past the end of the engine's loop."""
         self.closed = True
+        self._unwatch()
         if self.transport is not None:
             self.transport.abort()
 

@@ -80,10 +80,10 @@ def identity_from_headers(headers: Mapping[str, str], status: int) -> ObjectIden
 READ_BUFSIZE = 64 << 10
 _SOCKET_READ = 256 << 10
 #: What one open answer may hold outside the engine's counters, whichever client reads it: aiohttp's buffer
-#: (up to twice READ_BUFSIZE plus one socket read), or the builtin client's receive buffer, what waits before it
-#: pauses and the read that crossed that line; and one more read for the chunk a reader takes just after its
-#: budget check.
-_ALLOWANCE = max(2 * READ_BUFSIZE + 2 * _SOCKET_READ, READ_BYTES + PAUSE_BYTES + 2 * READ_BYTES)
+#: (up to twice READ_BUFSIZE plus one socket read), or the builtin client's receive buffer and what waits before it
+#: pauses (see ``_h1``); and one more read for the chunk a reader takes just after its budget check. Both are
+#: 640 KiB, the engine's ``STREAM_ALLOWANCE``.
+_ALLOWANCE = max(2 * READ_BUFSIZE + 2 * _SOCKET_READ, READ_BYTES + PAUSE_BYTES + READ_BYTES)
 _DEFAULT_HEADERS = {"User-Agent": "wds-async", "Accept-Encoding": "identity"}
 
 
