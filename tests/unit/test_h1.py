@@ -252,6 +252,30 @@ async def test_a_stalled_body_times_out_with_the_read_timeout() -> None:
 
 
 @pytest.mark.asyncio
+async def test_a_slow_but_steady_body_and_a_busy_reader_are_not_stalls() -> None:
+    async def reply(path: str, w: asyncio.StreamWriter, n: int) -> bool:
+        w.write(f"HTTP/1.1 200 OK\r\nContent-Length: {6 * 1000}\r\n\r\n".encode())
+        for i in range(6):  # 1.2 s in all, never 0.5 s without a byte
+            w.write(BODY[i * 1000 : (i + 1) * 1000])
+            await w.drain()
+            await asyncio.sleep(0.2)
+        return True
+
+    async with scripted(reply) as server:
+        backend = HttpBackend(read_timeout=0.5)
+        try:
+            assert await read_all(backend, server.url("/steady")) == BODY[:6000]
+            got = b""
+            async with backend.open(server.url("/busy")) as stream:
+                async for chunk in stream:
+                    got += chunk
+                    await asyncio.sleep(0.7)  # longer than the read timeout, between reads: not the server's stall
+            assert got == BODY[:6000]
+        finally:
+            await backend.aclose()
+
+
+@pytest.mark.asyncio
 @pytest.mark.parametrize("garbage", [b"SSH-2.0-OpenSSH_9.6\r\n\r\n", b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n",
                                      b"HTTP/1.1 200 OK\r\nContent-Length: ten\r\n\r\n"])
 async def test_a_malformed_answer_is_a_clear_permanent_error(garbage: bytes) -> None:
