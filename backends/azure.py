@@ -1,6 +1,7 @@
 """Azure Blob Storage: ``az://container/blob`` and ``https://ACCOUNT.blob.core.windows.net/container/blob``.
 
-The bytes move as ranged Blob REST GETs on the inherited aiohttp session (no thread per download).
+The bytes move as ranged Blob REST GETs through the inherited HttpBackend (its builtin HTTP/1.1 client; HEAD requests
+through its aiohttp session), with no thread per download.
 azure-storage-blob is used only for what it must own: the SAS signature for account-key auth
 (``generate_blob_sas`` / ``generate_container_sas``), so no signing scheme is written by hand here.
 
@@ -295,7 +296,7 @@ class AzureBackend(HttpBackend):
         shown = redact_url(url)
         response: Answer
         if method == "GET":
-            response = await self.get(target_url, headers, shown, start or 0)
+            response = await self.get(target_url, headers, shown, start)
         else:
             with map_aiohttp_errors(shown, start):  # its messages are scrubbed: the request URL carries the SAS
                 session = self._get_session()

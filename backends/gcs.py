@@ -1,4 +1,5 @@
-"""``gs://bucket/object/key`` over the GCS JSON API, on the aiohttp session inherited from HttpBackend.
+"""``gs://bucket/object/key`` over the GCS JSON API, with the clients inherited from HttpBackend (downloads through its
+builtin HTTP/1.1 client, metadata and listing through its aiohttp session).
 
 * Endpoint: ``endpoint_url=`` if given, else ``STORAGE_EMULATOR_HOST`` (``http://`` is prepended when it
   has no scheme; the emulator also means anonymous access), else ``https://storage.googleapis.com``.

@@ -1,7 +1,7 @@
 """``http://`` and ``https://`` over one aiohttp session per event loop.
 
-* The connector allows ``max_connections`` connections (no per-host limit below that), so all shard
-  streams of a process share one pool.
+* Each pool (the builtin client's, aiohttp's connector) allows ``max_connections`` connections in use (no per-host
+  limit below that), so all shard streams of a process share one pool.
 * ``ClientTimeout(total=None, sock_connect=..., sock_read=...)``: a shard may stream for hours; what
   must not happen is ``read_timeout`` seconds without a byte (a stall).
 * Bodies come through the builtin HTTP/1.1 client (:mod:`._h1`: fewer copies and less CPU per byte and per
@@ -145,7 +145,7 @@ def _read_netrc() -> netrc.netrc | None:
 
 
 class HttpBackend:
-    """Streams http(s) objects with ranged GETs on a shared aiohttp session."""
+    """Streams http(s) objects with ranged GETs: the builtin HTTP/1.1 client's pool, or aiohttp's session."""
 
     #: ``open(..., expect=identity)`` makes the request conditional on that version (see ``conditions``).
     #: The buffer allowance is what one open response may hold outside the engine's counters (``_ALLOWANCE``),
@@ -279,7 +279,7 @@ class HttpBackend:
         async with self.streaming(response, shown, start, end) as stream:
             yield stream
 
-    async def get(self, target: str, headers: dict[str, str], shown: str, start: int) -> Answer:
+    async def get(self, target: str, headers: dict[str, str], shown: str, start: int | None) -> Answer:
         """GET ``target`` (any status comes back): through the builtin client, unless a proxy applies to it or
         ``client="aiohttp"``; a redirect it answers (a 3xx with a Location) is asked again through aiohttp, which
         follows redirects."""

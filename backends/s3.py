@@ -1,11 +1,11 @@
-"""``s3://bucket/key``: data over aiohttp, signed by botocore.
+"""``s3://bucket/key``: data over HttpBackend's GETs (the builtin HTTP/1.1 client), signed by botocore.
 
 botocore does what it is made for: the credential chain (environment, shared config and profiles,
 ``AWS_PROFILE``, assumed roles, container and instance metadata), region, custom endpoints
 (``AWS_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL_S3`` or the ``endpoint_url`` option, for MinIO and other
 S3-compatible stores) and SigV4. Each download is a *presigned* GET: the signature covers the method,
-bucket and key, so the ``Range`` header can be added freely and the bytes stream over the engine's
-shared aiohttp session, with no thread per download. Presigning reads the (refreshable) credentials,
+bucket and key, so the ``Range`` header can be added freely and the bytes stream over the backend's
+connection pool on the engine's loop, with no thread per download. Presigning reads the (refreshable) credentials,
 and a refresh may block on STS or the metadata service, so it runs in a thread via ``asyncio.to_thread``;
 that is one hop per request, not per chunk. Listing uses the SDK's paginator, off the loop too.
 

@@ -384,3 +384,10 @@ async def test_the_aiohttp_client_remains_selectable() -> None:
             await backend.aclose()
     with pytest.raises(ValueError, match="client must be one of"):
         HttpBackend(client="curl")
+
+
+def test_an_answer_holds_no_more_than_the_allowance_the_engine_counts() -> None:
+    from wds_async.engine.engine import STREAM_ALLOWANCE
+
+    # the receive buffer (or the piece that crossed the pause line), what waits, and the piece a reader holds
+    assert READ_BYTES + PAUSE_BYTES + READ_BYTES <= HttpBackend.capabilities.buffer_allowance == STREAM_ALLOWANCE
