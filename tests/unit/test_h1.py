@@ -14,6 +14,7 @@ import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -80,6 +81,15 @@ def chunked(body: bytes, sizes: list[int]) -> bytes:
     return b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"".join(out) + b"0\r\nX-Trailer: t\r\n\r\n"
 
 
+@asynccontextmanager
+async def http_backend(**options: Any) -> AsyncIterator[HttpBackend]:
+    backend = HttpBackend(**options)
+    try:
+        yield backend
+    finally:
+        await backend.aclose()
+
+
 async def read_all(backend: HttpBackend, url: str, start: int = 0, end: int | None = None) -> bytes:
     async with backend.open(url, start=start, end=end) as stream:
         return b"".join([bytes(chunk) async for chunk in stream])
@@ -95,14 +105,10 @@ async def test_content_length_bodies_reuse_one_connection() -> None:
         await w.drain()
         return True
 
-    async with scripted(reply) as server:
-        backend = HttpBackend()
-        try:
-            assert await read_all(backend, server.url("/big")) == BODY
-            assert await read_all(backend, server.url("/small")) == b"small"
-            assert await read_all(backend, server.url("/big"), start=10, end=20) == BODY[10:20]
-        finally:
-            await backend.aclose()
+    async with scripted(reply) as server, http_backend() as backend:
+        assert await read_all(backend, server.url("/big")) == BODY
+        assert await read_all(backend, server.url("/small")) == b"small"
+        assert await read_all(backend, server.url("/big"), start=10, end=20) == BODY[10:20]
     assert server.connections == 1 and [p for _, p, _ in server.requests] == ["/big", "/small", "/big"]
     assert server.requests[2][2]["Range"] == "bytes=10-19"
     assert server.requests[0][2]["Host"] == f"127.0.0.1:{server.port}"
@@ -118,13 +124,9 @@ async def test_chunked_bodies_are_decoded_and_the_connection_reused() -> None:
             await w.drain()
         return True
 
-    async with scripted(reply) as server:
-        backend = HttpBackend()
-        try:
-            assert await read_all(backend, server.url("/c")) == BODY[:100_000]
-            assert await read_all(backend, server.url("/c")) == BODY[:100_000]
-        finally:
-            await backend.aclose()
+    async with scripted(reply) as server, http_backend() as backend:
+        assert await read_all(backend, server.url("/c")) == BODY[:100_000]
+        assert await read_all(backend, server.url("/c")) == BODY[:100_000]
     assert server.connections == 1
 
 
@@ -144,13 +146,9 @@ async def test_a_body_framed_by_the_close_ends_there_and_is_not_reused() -> None
         await w.drain()
         return False
 
-    async with scripted(reply) as server:
-        backend = HttpBackend()
-        try:
-            assert await read_all(backend, server.url("/a")) == BODY[:5000]
-            assert await read_all(backend, server.url("/a")) == BODY[:5000]
-        finally:
-            await backend.aclose()
+    async with scripted(reply) as server, http_backend() as backend:
+        assert await read_all(backend, server.url("/a")) == BODY[:5000]
+        assert await read_all(backend, server.url("/a")) == BODY[:5000]
     assert server.connections == 2
 
 
@@ -161,14 +159,10 @@ async def test_a_connection_the_server_dropped_while_idle_is_not_reused() -> Non
         await w.drain()
         return False  # closes after every answer, without saying so
 
-    async with scripted(reply) as server:
-        backend = HttpBackend()
-        try:
-            assert await read_all(backend, server.url("/a")) == b"hello"
-            await asyncio.sleep(0.05)  # the close reaches the pooled connection
-            assert await read_all(backend, server.url("/a")) == b"hello"
-        finally:
-            await backend.aclose()
+    async with scripted(reply) as server, http_backend() as backend:
+        assert await read_all(backend, server.url("/a")) == b"hello"
+        await asyncio.sleep(0.05)  # the close reaches the pooled connection
+        assert await read_all(backend, server.url("/a")) == b"hello"
     assert server.connections == 2 and len(server.requests) == 2  # the dead one was not written to
 
 
@@ -184,13 +178,9 @@ async def test_a_reused_connection_closed_without_an_answer_is_replaced_once() -
         await w.drain()
         return True
 
-    async with scripted(reply) as server:
-        backend = HttpBackend()
-        try:
-            assert await read_all(backend, server.url("/a")) == b"hello"
-            assert await read_all(backend, server.url("/a")) == b"hello"
-        finally:
-            await backend.aclose()
+    async with scripted(reply) as server, http_backend() as backend:
+        assert await read_all(backend, server.url("/a")) == b"hello"
+        assert await read_all(backend, server.url("/a")) == b"hello"
     assert [n for n, _, _ in server.requests] == [1, 1, 2]
 
 
@@ -202,16 +192,12 @@ async def test_a_body_cut_short_is_a_transient_error_at_the_offset_reached() -> 
         await w.drain()
         return False
 
-    async with scripted(reply) as server:
-        backend = HttpBackend()
-        got = b""
-        try:
-            with pytest.raises(wds.TransientError) as info:
-                async with backend.open(server.url("/a"), start=100) as stream:
-                    async for chunk in stream:
-                        got += chunk
-        finally:
-            await backend.aclose()
+    got = b""
+    async with scripted(reply) as server, http_backend() as backend:
+        with pytest.raises(wds.TransientError) as info:
+            async with backend.open(server.url("/a"), start=100) as stream:
+                async for chunk in stream:
+                    got += chunk
     assert got == BODY[100:600]
     assert "closed mid-body" in info.value.message and info.value.offset == 600
     assert info.value.url == server.url("/a")
@@ -224,13 +210,9 @@ async def test_a_chunked_body_cut_mid_chunk_is_an_error_not_a_short_body() -> No
         await w.drain()
         return False
 
-    async with scripted(reply) as server:
-        backend = HttpBackend()
-        try:
-            with pytest.raises(wds.TransientError, match="closed mid-body"):
-                await read_all(backend, server.url("/a"))
-        finally:
-            await backend.aclose()
+    async with scripted(reply) as server, http_backend() as backend:
+        with pytest.raises(wds.TransientError, match="closed mid-body"):
+            await read_all(backend, server.url("/a"))
 
 
 @pytest.mark.asyncio
@@ -241,13 +223,9 @@ async def test_a_stalled_body_times_out_with_the_read_timeout() -> None:
         await asyncio.sleep(5)
         return False
 
-    async with scripted(reply) as server:
-        backend = HttpBackend(read_timeout=0.3)
-        try:
-            with pytest.raises(wds.TransientError, match=r"stalled: no data for 0\.3 s") as info:
-                await read_all(backend, server.url("/a"))
-        finally:
-            await backend.aclose()
+    async with scripted(reply) as server, http_backend(read_timeout=0.3) as backend:
+        with pytest.raises(wds.TransientError, match=r"stalled: no data for 0\.3 s") as info:
+            await read_all(backend, server.url("/a"))
     assert info.value.offset == 1000
 
 
@@ -261,18 +239,14 @@ async def test_a_slow_but_steady_body_and_a_busy_reader_are_not_stalls() -> None
             await asyncio.sleep(0.2)
         return True
 
-    async with scripted(reply) as server:
-        backend = HttpBackend(read_timeout=0.5)
-        try:
-            assert await read_all(backend, server.url("/steady")) == BODY[:6000]
-            got = b""
-            async with backend.open(server.url("/busy")) as stream:
-                async for chunk in stream:
-                    got += chunk
-                    await asyncio.sleep(0.7)  # longer than the read timeout, between reads: not the server's stall
-            assert got == BODY[:6000]
-        finally:
-            await backend.aclose()
+    async with scripted(reply) as server, http_backend(read_timeout=0.5) as backend:
+        assert await read_all(backend, server.url("/steady")) == BODY[:6000]
+        got = b""
+        async with backend.open(server.url("/busy")) as stream:
+            async for chunk in stream:
+                got += chunk
+                await asyncio.sleep(0.7)  # longer than the read timeout, between reads: not the server's stall
+        assert got == BODY[:6000]
 
 
 @pytest.mark.asyncio
@@ -284,13 +258,9 @@ async def test_a_malformed_answer_is_a_clear_permanent_error(garbage: bytes) -> 
         await w.drain()
         return False
 
-    async with scripted(reply) as server:
-        backend = HttpBackend()
-        try:
-            with pytest.raises(wds.BackendError, match="request failed: MalformedAnswer") as info:
-                await read_all(backend, server.url("/a"))
-        finally:
-            await backend.aclose()
+    async with scripted(reply) as server, http_backend() as backend:
+        with pytest.raises(wds.BackendError, match="request failed: MalformedAnswer") as info:
+            await read_all(backend, server.url("/a"))
     assert not isinstance(info.value, wds.TransientError) and info.value.url == server.url("/a")
 
 
@@ -299,13 +269,9 @@ async def test_a_server_that_closes_without_answering_is_transient() -> None:
     async def reply(path: str, w: asyncio.StreamWriter, n: int) -> bool:
         return False
 
-    async with scripted(reply) as server:
-        backend = HttpBackend()
-        try:
-            with pytest.raises(wds.TransientError, match="connection failed: Server disconnected"):
-                await read_all(backend, server.url("/a"))
-        finally:
-            await backend.aclose()
+    async with scripted(reply) as server, http_backend() as backend:
+        with pytest.raises(wds.TransientError, match="connection failed: Server disconnected"):
+            await read_all(backend, server.url("/a"))
     assert server.connections == 1  # a fresh connection is not tried again here: the engine's retries decide
 
 
@@ -319,13 +285,9 @@ async def test_interim_answers_are_skipped_and_redirects_followed() -> None:
         await w.drain()
         return True
 
-    async with scripted(reply) as server:
-        backend = HttpBackend()
-        try:
-            assert await read_all(backend, server.url("/old")) == b"moved here"
-            assert await read_all(backend, server.url("/new")) == b"moved here"
-        finally:
-            await backend.aclose()
+    async with scripted(reply) as server, http_backend() as backend:
+        assert await read_all(backend, server.url("/old")) == b"moved here"
+        assert await read_all(backend, server.url("/new")) == b"moved here"
     # the builtin client's /old got the 302; aiohttp asked again and followed it; /new needs no aiohttp
     assert [p for _, p, _ in server.requests] == ["/old", "/old", "/new", "/new"]
 
@@ -375,13 +337,9 @@ async def test_the_aiohttp_client_remains_selectable() -> None:
         await w.drain()
         return True
 
-    async with scripted(reply) as server:
-        backend = HttpBackend(client="aiohttp")
-        try:
-            assert await read_all(backend, server.url("/a")) == b"via aiohttp"
-            assert backend._pool is None
-        finally:
-            await backend.aclose()
+    async with scripted(reply) as server, http_backend(client="aiohttp") as backend:
+        assert await read_all(backend, server.url("/a")) == b"via aiohttp"
+        assert backend._pool is None
     with pytest.raises(ValueError, match="client must be one of"):
         HttpBackend(client="curl")
 
