@@ -8,6 +8,9 @@ thread, which is the loader's bottleneck wherever the CPU binds. Measured on the
 short-epoch scenario (b) at 256 connections 386-431 -> 472-525 MB/s. So :class:`~.http.HttpBackend` sends its GETs
 here, and keeps aiohttp for everything else (HEAD, listings, uploads, proxies, redirects).
 
+The client is three modules: :mod:`._h1frame` (the framing, sans I/O), :mod:`._h1wire` (one connection's bytes,
+flow control and stall watch) and this one (answers and the pool).
+
 What it does:
 
 * HTTP/1.1 GETs with keep-alive: idle connections are pooled per (scheme, host, port) and dropped after
@@ -36,212 +39,22 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import re
 import socket
 import ssl
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, cast
+from typing import Any
 
 import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-__all__ = ["H1Answer", "H1Pool", "MalformedAnswer", "READ_BYTES", "PAUSE_BYTES"]
+from ._h1frame import MAX_HEAD_BYTES, Dechunk, MalformedAnswer, host_header, parse_head, request_bytes
+from ._h1wire import PAUSE_BYTES, READ_BYTES, Wire
 
-#: The receive buffer of a connection while an answer is read and its socket is not paused (allocated per answer,
-#: dropped while paused or idle). The pieces it hands over are up to this size: fewer, larger pieces cost the engine
-#: less (1 GB through the loader, medians of 5 side by side: 256 KiB 1.04-1.07x the MB/s of aiohttp, 160 KiB 0.98x).
-READ_BYTES = 256 << 10
-#: A connection stops reading from its socket while this much body waits for its reader in pieces.
-PAUSE_BYTES = 128 << 10
-#: An answer's head (status line and headers) larger than this is refused as malformed.
-MAX_HEAD_BYTES = 64 << 10
-_STATUS_LINE = re.compile(rb"HTTP/1\.([01]) (\d{3})(?: ([^\r\n]*))?")
-_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+__all__ = ["PAUSE_BYTES", "READ_BYTES", "H1Answer", "H1Pool", "MalformedAnswer"]
+
 _DNS_TTL = 300.0
-
-
-class MalformedAnswer(aiohttp.ClientError):
-    """The server's bytes are not an HTTP/1.x answer (a bad status line, header or chunk size)."""
-
-
-class _Wire(asyncio.BufferedProtocol):
-    """One connection's bytes: a byte pipe with flow control, no parsing (the answer parses what it takes)."""
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.buf: bytearray | None = None
-        self.fill = 0
-        self.pieces: collections.deque[bytes] = collections.deque()
-        self.queued = 0
-        self.waiter: asyncio.Future[None] | None = None
-        self.closed = False
-        self.error: BaseException | None = None
-        self.paused = False
-        self.received = 0  # bytes since the connection was made or went idle: 0 means the server said nothing
-        self.stirred = 0.0  # the loop's time when bytes last came or a wait began: a stall is measured from it
-        self.watch: asyncio.TimerHandle | None = None
-        self.stall: float | None = None
-
-    # -- the transport's side ------------------------------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        if self.buf is None:
-            self.buf = bytearray(READ_BYTES)
-        return memoryview(self.buf)[self.fill:]
-
-    def buffer_updated(self, nbytes: int) -> None:
-        if self.watch is not None:
-            self.stirred = time.monotonic()
-        self.fill += nbytes
-        self.received += nbytes
-        if self.waiter is not None or self.fill >= len(self.buf or b"") - 4096:
-            self._flush()
-            self._wake()
-
-    def eof_received(self) -> bool:
-        self.closed = True
-        self._flush()
-        self._wake()
-        return False  # close the transport
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self.error = exc
-        self._flush()
-        self._wake()
-
-    # -- the reader's side ---------------------------------------------------------------------------------
-    def _flush(self) -> None:
-        """Hand the buffer's bytes over as one piece; pause the socket (and drop the buffer) when the pieces
-        waiting reach ``PAUSE_BYTES``."""
-        if self.fill and self.buf is not None:
-            self.pieces.append(bytes(memoryview(self.buf)[: self.fill]))
-            self.queued += self.fill
-            self.fill = 0
-            if self.queued >= PAUSE_BYTES and not self.paused and not self.closed and self.transport is not None:
-                self.paused = True
-                self.buf = None
-                self.transport.pause_reading()
-
-    def _wake(self) -> None:
-        waiter, self.waiter = self.waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def take(self) -> bytes | None:
-        """The next piece of what the server sent, or None when nothing is there now."""
-        if not self.pieces:
-            self._flush()
-            if not self.pieces:
-                return None
-        piece = self.pieces.popleft()
-        self.queued -= len(piece)
-        if self.paused and self.queued < PAUSE_BYTES // 2 and self.transport is not None:
-            self.paused = False
-            self.transport.resume_reading()
-        return piece
-
-    def unread(self, piece: bytes) -> None:
-        """Put back what the reader took too much of (the start of the body after the head)."""
-        self.pieces.appendleft(piece)
-        self.queued += len(piece)
-
-    async def wait(self, stall: float | None) -> None:
-        """Until the server sends more or closes; ``TimeoutError`` after ``stall`` seconds of neither.
-
-        The stall is watched by one timer per connection, re-armed for what is left when it fires early, rather
-        than a timeout per wait (``asyncio.timeout`` schedules and cancels a timer each time: 5-10% of the loop
-        thread when every socket read wakes a reader)."""
-        loop = asyncio.get_running_loop()
-        self.waiter = waiter = loop.create_future()
-        if stall is not None:
-            self.stirred = time.monotonic()
-            self.stall = stall
-            if self.watch is None:
-                self.watch = loop.call_later(stall, self._watchdog)
-        await waiter
-
-    def _watchdog(self) -> None:
-        self.watch = None
-        waiter, stall = self.waiter, self.stall
-        if waiter is None or waiter.done() or stall is None:
-            return  # nobody waits: a reader that comes back arms it again
-        quiet = time.monotonic() - self.stirred
-        if quiet >= stall:
-            self.waiter = None
-            waiter.set_exception(TimeoutError(f"no data for {stall:g} s"))
-        else:
-            self.watch = asyncio.get_running_loop().call_later(stall - quiet, self._watchdog)
-
-    def _unwatch(self) -> None:
-        if self.watch is not None:
-            self.watch.cancel()
-            self.watch = None
-
-    def idle(self) -> None:
-        """Between answers: no buffer held, nothing pending, reading on (to see the server close it)."""
-        self.buf = None
-        self.fill = 0
-        self.received = 0
-        self._unwatch()
-        if self.paused and self.transport is not None:
-            self.paused = False
-            self.transport.resume_reading()
-
-    def close(self) -> None:
-        """Drop the connection now: ``abort``, not ``close``, as nothing it holds is worth a flush, and a TLS
-        ``close`` waits for the peer's close_notify (up to 30 s), past the end of the engine's loop."""
-        self.closed = True
-        self._unwatch()
-        if self.transport is not None:
-            self.transport.abort()
-
-
-class _Dechunk:
-    """The chunked transfer coding (RFC 9112 section 7.1), sans I/O: ``feed`` bytes of the wire, get bytes of
-    the body; ``done`` after the last chunk and its trailer."""
-
-    def __init__(self) -> None:
-        self.line = b""       # a size or trailer line being gathered
-        self.left = 0         # data bytes left in the current chunk
-        self.state = "size"   # size, data, crlf, trailer, done
-
-    def feed(self, data: bytes) -> list[bytes]:
-        out: list[bytes] = []
-        i, n = 0, len(data)
-        while i < n and self.state != "done":
-            if self.state == "data":
-                take = min(self.left, n - i)
-                out.append(data[i : i + take] if (i or take < n) else data)
-                i += take
-                self.left -= take
-                if not self.left:
-                    self.state = "crlf"
-                continue
-            end = data.find(b"\n", i)
-            if end < 0:
-                self.line += data[i:]
-                if len(self.line) > 4096:
-                    raise MalformedAnswer("chunked body: a chunk size or trailer line over 4 KiB")
-                break
-            line, self.line, i = (self.line + data[i:end]).rstrip(b"\r"), b"", end + 1
-            if self.state == "crlf":
-                if line:
-                    raise MalformedAnswer("chunked body: chunk data not followed by CRLF")
-                self.state = "size"
-            elif self.state == "size":
-                digits = line.split(b";", 1)[0].strip()
-                if not digits or len(digits) > 16 or not all(c in b"0123456789abcdefABCDEF" for c in digits):
-                    raise MalformedAnswer(f"chunked body: bad chunk size {line[:40]!r}")
-                self.left = int(digits, 16)
-                self.state = "data" if self.left else "trailer"
-            elif not line:  # trailer: header lines until an empty one
-                self.state = "done"
-        return out
 
 
 class H1Answer:
@@ -250,7 +63,7 @@ class H1Answer:
 
     method = "GET"
 
-    def __init__(self, pool: H1Pool, key: tuple[str, str, int], wire: _Wire, url: URL, sent: CIMultiDict[str],
+    def __init__(self, pool: H1Pool, key: tuple[str, str, int], wire: Wire, url: URL, sent: CIMultiDict[str],
                  version: int, status: int, reason: str, headers: CIMultiDict[str], stall: float | None) -> None:
         self._pool, self._key, self._wire = pool, key, wire
         self.url = url
@@ -260,7 +73,7 @@ class H1Answer:
         self.content = self  # aiohttp's ``response.content.readchunk()`` reads as ``answer.readchunk()``
         self._stall = stall
         self._reusable = version == 1 and "close" not in headers.get("Connection", "").lower()
-        self._dechunk: _Dechunk | None = None
+        self._dechunk: Dechunk | None = None
         self._left: int | None = None  # body bytes still to come, when Content-Length framed it
         self._carry = b""  # taken by read(n) beyond n
         self._out: collections.deque[bytes] = collections.deque()
@@ -269,7 +82,7 @@ class H1Answer:
         if status in (204, 304) or 100 <= status < 200:
             self._left = 0
         elif "chunked" in headers.get("Transfer-Encoding", "").lower():
-            self._dechunk = _Dechunk()
+            self._dechunk = Dechunk()
         elif "Content-Length" in headers:
             value = headers["Content-Length"].strip()
             if not value.isdigit():
@@ -383,7 +196,7 @@ class H1Pool:
         self.keepalive = keepalive
         self.default_headers = dict(headers)
         self._slots: asyncio.Semaphore | _NoLimit = asyncio.Semaphore(limit) if limit > 0 else _NoLimit()
-        self._idle: dict[tuple[str, str, int], list[tuple[_Wire, float]]] = {}
+        self._idle: dict[tuple[str, str, int], list[tuple[Wire, float]]] = {}
         self._dns: dict[tuple[str, int], tuple[float, list[Any]]] = {}
         self._closed = False
 
@@ -396,8 +209,8 @@ class H1Pool:
         key = (scheme, host, port)
         sent = CIMultiDict(self.default_headers)
         sent.update(headers)
-        sent["Host"] = _host_header(host, port, target.is_default_port())
-        request = _request_bytes(target.raw_path_qs, sent)
+        sent["Host"] = host_header(host, port, target.is_default_port())
+        request = request_bytes(target.raw_path_qs, sent)
         await self._slots.acquire()
         try:
             return await self._exchange(key, target, sent, request)
@@ -426,7 +239,7 @@ class H1Pool:
                 wire.close()
                 raise
 
-    async def _head(self, wire: _Wire) -> tuple[int, int, str, CIMultiDict[str]]:
+    async def _head(self, wire: Wire) -> tuple[int, int, str, CIMultiDict[str]]:
         """Read the status line and headers (skipping 1xx answers); put back the body's first bytes."""
         head = b""
         while True:
@@ -444,7 +257,7 @@ class H1Pool:
                     await wire.wait(self.read_timeout)
                 continue
             rest, head = head[end + 4 :], head[:end]
-            version, status, reason, headers = _parse_head(head)
+            version, status, reason, headers = parse_head(head)
             if 100 <= status < 200 and status != 101:
                 head = rest  # an interim answer (100 Continue, 103 Early Hints): the real one follows
                 continue
@@ -452,7 +265,7 @@ class H1Pool:
                 wire.unread(rest)
             return version, status, reason, headers
 
-    def _take_idle(self, key: tuple[str, str, int]) -> _Wire | None:
+    def _take_idle(self, key: tuple[str, str, int]) -> Wire | None:
         idle = self._idle.get(key)
         now = time.monotonic()
         while idle:
@@ -462,7 +275,7 @@ class H1Pool:
             wire.close()  # closed by the server, too old, or sent bytes nobody asked for (out of step)
         return None
 
-    def _put_back(self, key: tuple[str, str, int], wire: _Wire) -> None:
+    def _put_back(self, key: tuple[str, str, int], wire: Wire) -> None:
         wire.idle()
         if self._closed:
             wire.close()
@@ -470,7 +283,7 @@ class H1Pool:
             self._idle.setdefault(key, []).append((wire, time.monotonic()))
         self._slots.release()
 
-    async def _connect(self, key: tuple[str, str, int]) -> _Wire:
+    async def _connect(self, key: tuple[str, str, int]) -> Wire:
         scheme, host, port = key
         loop = asyncio.get_running_loop()
         tls = self.tls() if scheme == "https" else None
@@ -480,7 +293,7 @@ class H1Pool:
             for family, kind, proto, _, address in addresses:
                 try:
                     transport, wire = await loop.create_connection(
-                        _Wire, address[0], address[1], family=family, proto=proto, ssl=tls,
+                        Wire, address[0], address[1], family=family, proto=proto, ssl=tls,
                         server_hostname=host if tls is not None else None)
                 except OSError as exc:  # the next address (an IPv6 one refused, the IPv4 one listening)
                     error = exc
@@ -522,36 +335,3 @@ class _NoLimit:
 
     def release(self) -> None:
         return None
-
-
-def _host_header(host: str, port: int, default_port: bool) -> str:
-    if ":" in host:  # an IPv6 literal
-        host = f"[{host}]"
-    return host if default_port else f"{host}:{port}"
-
-
-def _request_bytes(path: str, headers: CIMultiDict[str]) -> bytes:
-    """``GET path HTTP/1.1`` and the headers, refusing a name or value that would split the request."""
-    lines = [f"GET {path or '/'} HTTP/1.1\r\n"]
-    for name, value in headers.items():
-        value = str(value)
-        if not _TOKEN.fullmatch(name) or any(c in value for c in "\r\n\0"):
-            raise ValueError(f"a request header cannot be sent as it is: {name!r}")
-        lines.append(f"{name}: {value}\r\n")
-    lines.append("\r\n")
-    return "".join(lines).encode("latin-1")
-
-
-def _parse_head(head: bytes) -> tuple[int, int, str, CIMultiDict[str]]:
-    """(minor version, status, reason, headers) of an answer's head, without its final blank line."""
-    status_line, _, rest = head.partition(b"\r\n")
-    m = _STATUS_LINE.fullmatch(status_line)
-    if m is None:
-        raise MalformedAnswer(f"not an HTTP/1.x status line: {status_line[:60]!r}")
-    headers: CIMultiDict[str] = CIMultiDict()
-    for line in rest.split(b"\r\n") if rest else ():
-        name, sep, value = line.partition(b":")
-        if not sep or not name or name != name.strip():
-            raise MalformedAnswer(f"bad header line {line[:60]!r}")
-        headers.add(name.decode("latin-1"), value.strip(b" \t").decode("latin-1"))
-    return int(m.group(1)), int(m.group(2)), (m.group(3) or b"").decode("latin-1"), headers

@@ -1,4 +1,4 @@
-"""The builtin HTTP/1.1 client (``backends/_h1.py``) against scripted servers on 127.0.0.1.
+"""The builtin HTTP/1.1 client (``backends/_h1.py``, ``_h1wire.py``, ``_h1frame.py``) against scripted servers on 127.0.0.1.
 
 Each server is a real asyncio socket server that reads a request's head and answers with bytes a test
 writes by hand: the framings (Content-Length, chunked, close), keep-alive and a connection the server
@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from multidict import CIMultiDict
 
 import wds_async as wds
-from wds_async.backends._h1 import PAUSE_BYTES, READ_BYTES, H1Pool, MalformedAnswer, _Dechunk
+from wds_async.backends._h1 import PAUSE_BYTES, READ_BYTES, H1Pool, MalformedAnswer
+from wds_async.backends._h1frame import Dechunk, host_header, parse_head, request_bytes
 from wds_async.backends.http import HttpBackend
 
 Reply = Callable[[str, asyncio.StreamWriter, int], Awaitable[bool]]
@@ -132,10 +134,10 @@ async def test_chunked_bodies_are_decoded_and_the_connection_reused() -> None:
 
 def test_the_chunked_decoder_refuses_bad_sizes_and_missing_crlf() -> None:
     with pytest.raises(MalformedAnswer, match="bad chunk size"):
-        _Dechunk().feed(b"zz\r\n")
+        Dechunk().feed(b"zz\r\n")
     with pytest.raises(MalformedAnswer, match="not followed by CRLF"):
-        _Dechunk().feed(b"2\r\nabX\r\n")
-    d = _Dechunk()
+        Dechunk().feed(b"2\r\nabX\r\n")
+    d = Dechunk()
     assert b"".join(d.feed(b"3\r\nabc\r\n0\r\n\r\n")) == b"abc" and d.state == "done"
 
 
@@ -349,3 +351,15 @@ def test_an_answer_holds_no_more_than_the_allowance_the_engine_counts() -> None:
 
     # the receive buffer (or the piece that crossed the pause line), what waits, and the piece a reader holds
     assert READ_BYTES + PAUSE_BYTES + READ_BYTES <= HttpBackend.capabilities.buffer_allowance == STREAM_ALLOWANCE
+
+
+def test_the_framing_without_a_socket() -> None:
+    version, status, reason, headers = parse_head(b"HTTP/1.0 206 Partial Content\r\nETag: \"x\"\r\nX-A: 1\r\nx-a:  2 ")
+    assert (version, status, reason) == (0, 206, "Partial Content")
+    assert headers["etag"] == '"x"' and headers.getall("X-A") == ["1", "2"]
+    assert parse_head(b"HTTP/1.1 404")[1:3] == (404, "")
+    with pytest.raises(MalformedAnswer, match="bad header line"):
+        parse_head(b"HTTP/1.1 200 OK\r\n folded: value")  # obsolete line folding is refused, not guessed at
+    assert host_header("::1", 8080, False) == "[::1]:8080" and host_header("h.example", 443, True) == "h.example"
+    sent = request_bytes("/b/k?x=1", CIMultiDict({"Host": "h", "Range": "bytes=0-9"}))
+    assert sent == b"GET /b/k?x=1 HTTP/1.1\r\nHost: h\r\nRange: bytes=0-9\r\n\r\n"
