@@ -197,6 +197,7 @@ class H1Pool:
         self.default_headers = dict(headers)
         self._slots: asyncio.Semaphore | _NoLimit = asyncio.Semaphore(limit) if limit > 0 else _NoLimit()
         self._idle: dict[tuple[str, str, int], list[tuple[Wire, float]]] = {}
+        self._spare: list[bytearray] = []  # receive buffers between answers, at most SPARE_BUFFERS
         self._dns: dict[tuple[str, int], tuple[float, list[Any]]] = {}
         self._closed = False
 
@@ -293,7 +294,7 @@ class H1Pool:
             for family, kind, proto, _, address in addresses:
                 try:
                     transport, wire = await loop.create_connection(
-                        Wire, address[0], address[1], family=family, proto=proto, ssl=tls,
+                        lambda: Wire(self._spare), address[0], address[1], family=family, proto=proto, ssl=tls,
                         server_hostname=host if tls is not None else None)
                 except OSError as exc:  # the next address (an IPv6 one refused, the IPv4 one listening)
                     error = exc

@@ -11,7 +11,7 @@ import collections
 import time
 from typing import cast
 
-__all__ = ["PAUSE_BYTES", "READ_BYTES", "Wire"]
+__all__ = ["PAUSE_BYTES", "READ_BYTES", "SPARE_BUFFERS", "Wire"]
 
 #: The receive buffer of a connection while an answer is read and its socket is not paused (allocated per answer,
 #: dropped while paused or idle). The pieces it hands over are up to this size: fewer, larger pieces cost the engine
@@ -19,13 +19,16 @@ __all__ = ["PAUSE_BYTES", "READ_BYTES", "Wire"]
 READ_BYTES = 256 << 10
 #: A connection stops reading from its socket while this much body waits for its reader in pieces.
 PAUSE_BYTES = 128 << 10
+#: Receive buffers a pool keeps for its next answers (a fresh one is zeroed: 256 KiB per small ranged GET).
+SPARE_BUFFERS = 8
 
 
 class Wire(asyncio.BufferedProtocol):
     """One connection's bytes: a byte pipe with flow control, no parsing (the answer parses what it takes)."""
 
-    def __init__(self) -> None:
+    def __init__(self, spare: list[bytearray]) -> None:
         self.transport: asyncio.Transport | None = None
+        self.spare = spare  # the pool's buffers between answers: never referenced elsewhere (pieces are copies)
         self.buf: bytearray | None = None
         self.fill = 0
         self.pieces: collections.deque[bytes] = collections.deque()
@@ -45,7 +48,7 @@ class Wire(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self.buf is None:
-            self.buf = bytearray(READ_BYTES)
+            self.buf = self.spare.pop() if self.spare else bytearray(READ_BYTES)
         return memoryview(self.buf)[self.fill:]
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -79,7 +82,7 @@ class Wire(asyncio.BufferedProtocol):
             self.fill = 0
             if self.queued >= PAUSE_BYTES and not self.paused and not self.closed and self.transport is not None:
                 self.paused = True
-                self.buf = None
+                self._drop_buffer()
                 self.transport.pause_reading()
 
     def _wake(self) -> None:
@@ -137,9 +140,14 @@ class Wire(asyncio.BufferedProtocol):
             self.watch.cancel()
             self.watch = None
 
+    def _drop_buffer(self) -> None:
+        if self.buf is not None and len(self.spare) < SPARE_BUFFERS:
+            self.spare.append(self.buf)
+        self.buf = None
+
     def idle(self) -> None:
         """Between answers: no buffer held, nothing pending, reading on (to see the server close it)."""
-        self.buf = None
+        self._drop_buffer()
         self.fill = 0
         self.received = 0
         self._unwatch()

@@ -14,6 +14,8 @@ Each run is a fresh subprocess reading the same shards through ``DataLoader(batc
   batch's ranged GETs itself, one per sample, all at once, through one aiohttp session per DataLoader worker on a
   long-lived event loop (uvloop where installed), and returns the bytes (no tar parsing, no checks), in the same
   order as ``indexed``;
+* ``rawh1``: the same floor through the library's own HTTP/1.1 client (``backends/_h1.py``: one keep-alive pool
+  per worker) instead of aiohttp, to see where the fastest client we have puts it;
 * ``wids``: wids' ``ShardListDataset`` (the ``wids`` package that webdataset 1.0.2 points to) in the same random
   order as ``indexed``, over the same http store (it downloads whole shards into its cache with curl);
 * ``cached``: ``IndexedWebDataset(..., cache_dir=...)``, two epochs in random order: the store bytes each epoch
@@ -82,6 +84,27 @@ class RawRanges(torch.utils.data.Dataset):
         return self.__getitems__([i])[0]
 
 
+class RawH1(RawRanges):
+    # the same batches through the library's own HTTP/1.1 client (no aiohttp on the GETs)
+
+    async def _get(self, url, start, end):
+        answer = await self.session.get(url, {"Range": f"bytes={start}-{end - 1}"})
+        try:
+            if answer.status != 206:
+                raise RuntimeError(f"{url}: HTTP {answer.status}")
+            return await answer.read()
+        finally:
+            answer.release()
+
+    async def _batch(self, indices):
+        if self.session is None:
+            import ssl
+            from wds_async.backends._h1 import H1Pool
+            self.session = H1Pool(limit=0, tls=ssl.create_default_context, connect_timeout=30, read_timeout=60,
+                                  headers={"User-Agent": "wds-async", "Accept-Encoding": "identity"})
+        return await asyncio.gather(*(self._get(*self.ranges[i]) for i in indices))
+
+
 def count(batch):
     return len(batch)
 
@@ -113,9 +136,9 @@ elif mode in ("indexed", "block", "ahead"):
     else:  # the sampler registers with the dataset, whose workers then read ahead along its order
         sampler = wds.BlockShuffleSampler(ds, block_size=16 if mode == "block" else 1, seed=1)
     result = run(ds, sampler)
-elif mode == "raw":
+elif mode in ("raw", "rawh1"):
     table = wds.ShardIndex.load(index)
-    ds = RawRanges([(e.url, a, b) for e in table.shards for a, b in zip(e.offsets, e.ends)])
+    ds = (RawRanges if mode == "raw" else RawH1)([(e.url, a, b) for e in table.shards for a, b in zip(e.offsets, e.ends)])
     result = run(ds, order(len(ds)))
 elif mode == "cached":
     ds = wds.IndexedWebDataset(urls, index=index, cache_dir=extra)
@@ -191,7 +214,7 @@ def main() -> None:
     parser.add_argument("--wids", type=int, default=1, help="run wids (1) or not (0)")
     parser.add_argument("--wids-lru", type=int, default=10, help="wids' lru_size (its default: 10)")
     parser.add_argument("--modes", default="stream,indexed,ahead,block,raw",
-                        help="which of stream, indexed, ahead, block, raw to run")
+                        help="which of stream, indexed, ahead, block, raw, rawh1 to run")
     parser.add_argument("--cached", type=int, default=1, help="run the two cached epochs (1) or not (0)")
     parser.add_argument("--dir", default=None, help="where the shards live (default: a temporary folder)")
     args = parser.parse_args()
@@ -228,10 +251,11 @@ def main() -> None:
             def rate(mode: str) -> float:
                 return statistics.median(r["samples"] / r["wall_s"] for r in results[mode])
 
-            ratios = [f"{mode}/stream {rate(mode) / rate('stream'):.2f}x" for mode in ("indexed", "ahead", "block", "raw")
+            ratios = [f"{mode}/stream {rate(mode) / rate('stream'):.2f}x" for mode in ("indexed", "ahead", "block", "raw", "rawh1")
                       if mode in results and "stream" in results]
-            if "raw" in results and "indexed" in results:
-                ratios.append(f"indexed/raw {rate('indexed') / rate('raw'):.2f}x")
+            for floor in ("raw", "rawh1"):
+                if floor in results and "indexed" in results:
+                    ratios.append(f"indexed/{floor} {rate('indexed') / rate(floor):.2f}x")
             for mode in ("indexed", "ahead"):
                 if "wids" in results and mode in results:
                     ratios.append(f"{mode}/wids {rate(mode) / rate('wids'):.1f}x")
