@@ -22,6 +22,7 @@ from multidict import CIMultiDict
 import wds_async as wds
 from wds_async.backends._h1 import PAUSE_BYTES, READ_BYTES, H1Pool, MalformedAnswer
 from wds_async.backends._h1frame import Dechunk, host_header, parse_head, request_bytes
+from wds_async.backends._h1wire import SPARE_BUFFERS
 from wds_async.backends.http import HttpBackend
 
 Reply = Callable[[str, asyncio.StreamWriter, int], Awaitable[bool]]
@@ -363,3 +364,30 @@ def test_the_framing_without_a_socket() -> None:
     assert host_header("::1", 8080, False) == "[::1]:8080" and host_header("h.example", 443, True) == "h.example"
     sent = request_bytes("/b/k?x=1", CIMultiDict({"Host": "h", "Range": "bytes=0-9"}))
     assert sent == b"GET /b/k?x=1 HTTP/1.1\r\nHost: h\r\nRange: bytes=0-9\r\n\r\n"
+
+
+@pytest.mark.asyncio
+async def test_receive_buffers_are_reused_between_answers_and_the_spares_are_bounded() -> None:
+    async def reply(path: str, w: asyncio.StreamWriter, n: int) -> bool:
+        w.write(answer(BODY[:70_000]))
+        await w.drain()
+        return True
+
+    async with scripted(reply) as server:
+        pool = H1Pool(limit=0, tls=ssl.create_default_context, connect_timeout=5, read_timeout=5, headers={})
+        try:
+            first = await pool.get(server.url("/a"), {})
+            assert await first.read() == BODY[:70_000]
+            buffer = first._wire.buf
+            first.release()
+            assert pool._spare == [buffer]  # kept for the next answer, not dropped with the idle connection
+            second = await pool.get(server.url("/a"), {})
+            assert await second.read() == BODY[:70_000] and second._wire.buf is buffer and not pool._spare
+            second.release()
+            many = [await pool.get(server.url("/a"), {}) for _ in range(12)]  # 12 connections at once
+            for one in many:
+                assert await one.read() == BODY[:70_000]
+                one.release()
+            assert len(pool._spare) == SPARE_BUFFERS
+        finally:
+            await pool.aclose()
