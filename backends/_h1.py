@@ -2,11 +2,12 @@
 
 Why not aiohttp for this request: aiohttp's response parser copies every piece of a body out of the socket's
 bytes into a payload buffer of its own, and pays a few Python frames per piece and per request on the loop
-thread, which is the loader's bottleneck wherever the CPU binds. Measured on the 2-core development machine
-(unthrottled loopback http, `benchmarks.cpu`, a prototype of this module against aiohttp, in turn): raw download
-2.16 -> 3.97 GB/s, the loader 0.95 -> 1.09 GB/s at 16 connections (CPU 1.05 -> 0.91-0.97 s/GB), and the README's
-short-epoch scenario (b) at 256 connections 386-431 -> 472-525 MB/s. So :class:`~.http.HttpBackend` sends its GETs
-here, and keeps aiohttp for everything else (HEAD, listings, uploads, proxies, redirects).
+thread, which is the loader's bottleneck wherever the CPU binds. Measured on the 2-core development machine against
+aiohttp, in turn (unthrottled loopback http, 16 connections): the loader 1.04-1.12x the MB/s (medians of 5 passes of
+1 GB) at 4-12% less CPU per GB, raw download 1.1x, CPU per sample of random access 8-16% less; the figures are in
+``docs/benchmarks.md``. (A prototype that handed out views of its buffers and let 512 KiB wait gained more, 1.14x and
+1.83x, but held memory the byte budget does not count.) So :class:`~.http.HttpBackend` sends its GETs here, and keeps
+aiohttp for everything else (HEAD, listings, uploads, proxies, redirects).
 
 The client is three modules: :mod:`._h1frame` (the framing, sans I/O), :mod:`._h1wire` (one connection's bytes,
 flow control and stall watch) and this one (answers and the pool).
