@@ -165,11 +165,8 @@ class H1Answer:
             return
         self._held = False
         wire = self._wire
-        if self.at_eof() and self._reusable and not wire.closed and not wire.pieces and not wire.fill:
-            self._pool._put_back(self._key, wire)
-        else:
-            wire.close()
-            self._pool._slots.release()
+        keep = self.at_eof() and self._reusable and not wire.closed and not wire.pieces and not wire.fill
+        self._pool._give_back(self._key, wire, keep)
 
     def close(self) -> None:
         """Done with the answer before its end: the connection is closed."""
@@ -277,12 +274,14 @@ class H1Pool:
             wire.close()  # closed by the server, too old, or sent bytes nobody asked for (out of step)
         return None
 
-    def _put_back(self, key: tuple[str, str, int], wire: Wire) -> None:
-        wire.idle()
-        if self._closed:
-            wire.close()
-        else:
+    def _give_back(self, key: tuple[str, str, int], wire: Wire, keep: bool) -> None:
+        """An answer is done with ``wire``: pooled for the next request when ``keep`` (and the pool is open), else
+        closed; either way its slot is free again."""
+        if keep and not self._closed:
+            wire.idle()
             self._idle.setdefault(key, []).append((wire, time.monotonic()))
+        else:
+            wire.close()
         self._slots.release()
 
     async def _connect(self, key: tuple[str, str, int]) -> Wire:

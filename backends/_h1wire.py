@@ -98,10 +98,14 @@ class Wire(asyncio.BufferedProtocol):
                 return None
         piece = self.pieces.popleft()
         self.queued -= len(piece)
-        if self.paused and self.queued < PAUSE_BYTES // 2 and self.transport is not None:
+        if self.queued < PAUSE_BYTES // 2:
+            self._resume()
+        return piece
+
+    def _resume(self) -> None:
+        if self.paused and self.transport is not None:
             self.paused = False
             self.transport.resume_reading()
-        return piece
 
     def unread(self, piece: bytes) -> None:
         """Put back what the reader took too much of (the start of the body after the head)."""
@@ -151,9 +155,7 @@ class Wire(asyncio.BufferedProtocol):
         self.fill = 0
         self.received = 0
         self._unwatch()
-        if self.paused and self.transport is not None:
-            self.paused = False
-            self.transport.resume_reading()
+        self._resume()
 
     def close(self) -> None:
         """Drop the connection now: ``abort``, not ``close``, as nothing it holds is worth a flush, and a TLS

@@ -195,7 +195,6 @@ class HttpBackend:
 
     def _get_pool(self) -> H1Pool:
         if self._pool is None:
-            self._read_environment()
             self._pool = H1Pool(limit=self.max_connections, tls=self._tls_context,
                                 connect_timeout=self._timeout.sock_connect, read_timeout=self._timeout.sock_read,
                                 headers=_DEFAULT_HEADERS)
@@ -283,18 +282,17 @@ class HttpBackend:
         """GET ``target`` (any status comes back): through the builtin client, unless a proxy applies to it or
         ``client="aiohttp"``; a redirect it answers (a 3xx with a Location) is asked again through aiohttp, which
         follows redirects."""
-        if self.client == "builtin":
-            pool = self._get_pool()
-            request = self.environment(target, headers)
-            if request["proxy"] is None:
-                with map_aiohttp_errors(shown, start):
-                    answer = await pool.get(target, request["headers"])
-                if not (300 <= answer.status < 400 and "Location" in answer.headers):
-                    return answer
-                answer.close()  # a redirect (a 3xx with nowhere to go is an answer, as aiohttp returns it)
+        self._read_environment()
+        request = self.environment(target, headers)
+        if self.client == "builtin" and request["proxy"] is None:
+            with map_aiohttp_errors(shown, start):
+                answer = await self._get_pool().get(target, request["headers"])
+            if not (300 <= answer.status < 400 and "Location" in answer.headers):
+                return answer
+            answer.close()  # a redirect (a 3xx with nowhere to go is an answer, as aiohttp returns it)
         session = self._get_session()
         with map_aiohttp_errors(shown, start):
-            return await session.get(target, **self.environment(target, headers), allow_redirects=True)
+            return await session.get(target, **request, allow_redirects=True)
 
     @asynccontextmanager
     async def streaming(self, response: Answer, shown: str, start: int, end: int | None
