@@ -97,7 +97,9 @@ class Stats:
             self.reserved_bytes = self.budget.reserved
             self.peak_buffered_bytes = self.budget.peak
         end = self.finished if self.finished is not None else time.perf_counter()
-        elapsed = max(end - self.started, 1e-9)
+        # The engine can finish reading before the consumer takes its first sample (a pass of a few ms over local
+        # files): the run lasted at least until then.
+        elapsed = max(end - self.started, self.first_sample_s or 0.0, 1e-9)
         return {
             "elapsed_s": round(elapsed, 4),  # as first_sample_s, which it must never read below
             "mb_per_s": round(self.bytes_read / elapsed / 1e6, 2),
