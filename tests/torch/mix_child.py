@@ -15,7 +15,10 @@ CONFIG keys:
         checkpoint of its own (``ckpt``) to resume from
     dist: init a gloo process group (under torchrun); runs: several such configs, one after the other
     lockstep: (with dist) a ``dist.barrier()`` after every step's checkpoint, as a DDP step's all-reduce holds the
-        ranks together: no rank runs ahead, and a kill finds every rank within a step of the others
+        ranks together: no rank runs ahead, and a kill finds every rank within a step of the others. Each rank
+        then keeps its last two checkpoints (``ckpt`` and ``ckpt.prev``) and a relaunch resumes every rank from
+        the newest step all of them saved (``agreed_checkpoint``); lag: ``{"rank", "step"}``, that rank sleeps 3 s
+        after that step's barrier, so a kill finds the others a step ahead
 
 Each log line is ``{"step", "epoch", "worker", "keys"}`` (the DataLoader worker that made the batch; 0 without
 workers). A key is ``"source/shard/key"``. The parent kills this process (and its workers) with SIGKILL at
@@ -68,12 +71,33 @@ def make_mix(cfg: dict[str, Any]) -> Any:
     return mix
 
 
+def own_checkpoint(path: str) -> dict[str, Any] | None:
+    return torch.load(path, weights_only=False) if os.path.exists(path) else None
+
+
+def agreed_checkpoint(cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """The checkpoint of the newest step every rank saved. A kill finds ranks in lockstep within one step of each
+    other, so one rank may have saved step k + 1 and another only k: resuming each from its own newest would give
+    the ranks different numbers of steps left (a DDP job would hang). Each rank keeps its last two checkpoints
+    and the ranks agree on the smallest newest step, as a job that checkpoints per rank must."""
+    import torch.distributed as dist
+
+    kept = {c["step"]: c for c in (own_checkpoint(cfg["ckpt"] + ".prev"), own_checkpoint(cfg["ckpt"])) if c}
+    newest = torch.tensor([max(kept, default=0)])
+    dist.all_reduce(newest, op=dist.ReduceOp.MIN)
+    step = int(newest.item())
+    if step == 0:
+        return None
+    assert step in kept, f"rank {dist.get_rank()}: no checkpoint of step {step} (kept: {sorted(kept)})"
+    return kept[step]
+
+
 def run(cfg: dict[str, Any]) -> None:
     mix = make_mix(cfg)
     step = first = 0
     loader_state = None
-    if os.path.exists(cfg["ckpt"]):  # this process's own checkpoint first: it may have been resumed elastically
-        saved = torch.load(cfg["ckpt"], weights_only=False)
+    saved = agreed_checkpoint(cfg) if cfg.get("lockstep") else own_checkpoint(cfg["ckpt"])
+    if saved is not None:  # this process's own checkpoint first: it may have been resumed elastically
         step, first, loader_state = saved["step"], saved["epoch"], saved["loader"]
     elif cfg.get("merge"):
         mix.load_state_dict(wds.merge_states(torch.load(p, weights_only=False)["loader"] for p in cfg["merge"]))
@@ -92,6 +116,8 @@ def run(cfg: dict[str, Any]) -> None:
                 log.flush()
                 tmp = cfg["ckpt"] + ".tmp"
                 torch.save({"step": step, "epoch": epoch, "loader": loader.state_dict()}, tmp)
+                if cfg.get("lockstep") and os.path.exists(cfg["ckpt"]):
+                    os.replace(cfg["ckpt"], cfg["ckpt"] + ".prev")  # the step the other ranks may not have passed
                 os.replace(tmp, cfg["ckpt"])
                 # the training step: time for the parent to kill mid-epoch (a long one at step pause_at)
                 time.sleep(3.0 if step == cfg.get("pause_at") else cfg.get("step_time", 0.01))
@@ -99,6 +125,8 @@ def run(cfg: dict[str, Any]) -> None:
                     import torch.distributed as dist
 
                     dist.barrier()
+                    if cfg.get("lag") and dist.get_rank() == cfg["lag"]["rank"] and step == cfg["lag"]["step"]:
+                        time.sleep(3.0)  # this rank falls a step behind: the others log and save the next step
         log.write(json.dumps({"step": step, "done": True}) + "\n")
 
 

@@ -255,11 +255,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _torchrun(cfg: dict[str, Any], nproc: int, output: Path, timeout: float = 100, kill_at: int | None = None,
-              logs: list[str] | None = None) -> int:
+def _torchrun(cfg: dict[str, Any], nproc: int, output: Path, timeout: float = 100,
+              kill_at: int | list[int] | None = None, logs: list[str] | None = None, settle: float = 0.0) -> int:
     """Launch the child under torchrun (gloo on CPU, 127.0.0.1); kill every process below it on the way out.
     Returns 0; with ``kill_at``, SIGKILLs the whole job (torchrun, its ranks, their DataLoader workers) once
-    every log of ``logs`` shows that step and returns -9. A launch that fails, or runs past ``timeout`` (before
+    every log of ``logs`` shows that step (or its own step of a list), and ``settle`` seconds more, and returns -9. A launch that fails, or runs past ``timeout`` (before
     the kill step), fails the test with torchrun's output."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "PYTHONPATH": REPO}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--master-addr", "127.0.0.1", "--local-addr", "127.0.0.1",
@@ -301,7 +301,9 @@ def _torchrun(cfg: dict[str, Any], nproc: int, output: Path, timeout: float = 10
             if time.monotonic() - observed > 0.2:
                 observe()
                 observed = time.monotonic()
-            if kill_at is not None and all(steps(log) >= kill_at for log in logs or []):
+            targets = kill_at if isinstance(kill_at, list) else [kill_at] * len(logs or [])
+            if kill_at is not None and all(steps(log) >= at for log, at in zip(logs or [], targets)):
+                time.sleep(settle)
                 kill_all(check=True)
                 return -9
             time.sleep(0.01 if kill_at is not None else 0.2)
@@ -372,8 +374,8 @@ def test_torchrun_ranks_deliver_equal_counts_and_every_share(data: Any, tmp_path
 def test_torchrun_job_sigkilled_mid_epoch_resumes_each_rank_s_sequence(data: Any, tmp_path: Path) -> None:
     """2 ranks x 2 workers of a seeded mix of indexed sources under torchrun, held in lockstep as DDP holds them
     (a barrier after every step): the whole job (torchrun, ranks, DataLoader workers) is SIGKILLed mid-epoch and
-    relaunched, each rank resuming from its own ``loader.state_dict()``. Per rank, the keys up to its checkpointed
-    step followed by the relaunch's are those of one uninterrupted torchrun job with the same seeds, and both
+    relaunched, each rank resuming from its own ``loader.state_dict()`` of the newest step every rank saved (a kill
+    can find one rank a step ahead). Per rank, the keys up to that step followed by the relaunch's are those of one uninterrupted torchrun job with the same seeds, and both
     ranks deliver the same number of samples."""
     world, timeout = 2, 45
     cfg = _config(data, tmp_path, names=S, index=True, workers=2, shuffle=(16, 0, 8), step_time=0.02, lockstep=True)
@@ -391,14 +393,23 @@ def test_torchrun_job_sigkilled_mid_epoch_resumes_each_rank_s_sequence(data: Any
     assert nsteps[0] == nsteps[1] > 12 and len(reference[0]) == len(reference[1]) > 100, \
         f"uninterrupted: steps per rank {nsteps}, samples per rank {[len(keys) for keys in reference]}"
 
-    killed = job("killed")
+    # rank 1 falls a step behind at the kill (it sleeps after that step's barrier), so rank 0 has logged and saved
+    # one more step: the relaunch must resume both from the newest step both saved, or the ranks would run different
+    # numbers of steps (in CI, a kill that found the ranks so failed the relaunch at its last barrier)
     kill_at = RNG.randrange(3, 2 * nsteps[0] // 3)
+    killed = {**job("killed"), "lag": {"rank": 1, "step": kill_at}}
     assert _torchrun({"dist": True, "runs": [killed]}, world, tmp_path / "killed.out", timeout=timeout,
-                     kill_at=kill_at, logs=per_rank(killed, "log")) == -9, "the job finished before it could be killed"
-    saved = [checkpointed({"ckpt": ckpt}) for ckpt in per_rank(killed, "ckpt")]
-    assert all(1 <= step < nsteps[0] for step in saved), f"killed at step {kill_at}: not mid-epoch, checkpoints {saved}"
+                     kill_at=[kill_at + 1, kill_at], logs=per_rank(killed, "log"), settle=0.5) == -9, \
+        "the job finished before it could be killed"
 
-    resumed = {**killed, "log": str(tmp_path / "resumed-{rank}.log")}
+    def newest(ckpt: str) -> int:
+        return max(checkpointed({"ckpt": ckpt}), checkpointed({"ckpt": ckpt + ".prev"}))
+
+    ahead = [newest(ckpt) for ckpt in per_rank(killed, "ckpt")]
+    assert ahead == [kill_at + 1, kill_at], f"killed at steps {[kill_at + 1, kill_at]}: checkpoints {ahead}"
+    saved = [min(ahead)] * world
+
+    resumed = {**killed, "lag": None, "log": str(tmp_path / "resumed-{rank}.log")}
     _torchrun({"dist": True, "runs": [resumed]}, world, tmp_path / "resumed.out", timeout=timeout)
     combined, failures = [], []
     for rank, (before_log, after_log) in enumerate(zip(per_rank(killed, "log"), per_rank(resumed, "log"))):
