@@ -24,7 +24,9 @@ What it does:
   with the piece a reader holds before counting it, within ``HttpBackend.capabilities.buffer_allowance``.
 * The receive buffer is filled across socket reads while the reader is busy and handed over as one ``bytes``
   when the reader asks (or the buffer is full): one copy per byte, like the socket's own, and fewer, larger
-  pieces for the engine when the loop is busy.
+  pieces for the engine when the loop is busy. A ranged GET's buffer, when the pool has no spare one, is sized for
+  its range (``Wire.expect``: the range and ``HEAD_ROOM``) rather than ``READ_BYTES``: random access sends one
+  64 KiB range per sample, a batch at a time, and a fresh buffer is zeroed and faulted in whole.
 * Errors are aiohttp's types where aiohttp has one for the same event (a body cut short is a
   ``ClientPayloadError``, a server that closed before answering a ``ServerDisconnectedError``), ``TimeoutError``
   for a stall, ``OSError`` and ``ssl`` errors as the socket raises them, so :mod:`._errors` stays the one table.
@@ -50,12 +52,14 @@ import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from ._h1frame import MAX_HEAD_BYTES, Dechunk, MalformedAnswer, host_header, parse_head, request_bytes
+from ._h1frame import MAX_HEAD_BYTES, Dechunk, MalformedAnswer, host_header, parse_head, range_size, request_bytes
 from ._h1wire import PAUSE_BYTES, READ_BYTES, Wire
 
 __all__ = ["PAUSE_BYTES", "READ_BYTES", "H1Answer", "H1Pool", "MalformedAnswer"]
 
 _DNS_TTL = 300.0
+#: What an answer's head may take beyond a ranged GET's body, in the receive buffer sized for it (``Wire.expect``).
+HEAD_ROOM = 8 << 10
 
 
 class H1Answer:
@@ -210,15 +214,17 @@ class H1Pool:
         sent.update(headers)
         sent["Host"] = host_header(host, port, target.is_default_port())
         request = request_bytes(target.raw_path_qs, sent)
+        size = range_size(sent.get("Range"))
+        expect = None if size is None else size + HEAD_ROOM
         await self._slots.acquire()
         try:
-            return await self._exchange(key, target, sent, request)
+            return await self._exchange(key, target, sent, request, expect)
         except BaseException:
             self._slots.release()
             raise
 
     async def _exchange(self, key: tuple[str, str, int], target: URL, sent: CIMultiDict[str],
-                        request: bytes) -> H1Answer:
+                        request: bytes, expect: int | None) -> H1Answer:
         while True:
             wire = self._take_idle(key)
             reused = wire is not None
@@ -226,6 +232,7 @@ class H1Pool:
                 wire = await self._connect(key)
             try:
                 assert wire.transport is not None
+                wire.expect = expect
                 wire.transport.write(request)
                 version, status, reason, headers = await self._head(wire)
                 return H1Answer(self, key, wire, target, sent, version, status, reason, headers, self.read_timeout)

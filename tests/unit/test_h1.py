@@ -20,9 +20,9 @@ import pytest
 from multidict import CIMultiDict
 
 import wds_async as wds
-from wds_async.backends._h1 import PAUSE_BYTES, READ_BYTES, H1Pool, MalformedAnswer
-from wds_async.backends._h1frame import Dechunk, host_header, parse_head, request_bytes
-from wds_async.backends._h1wire import SPARE_BUFFERS
+from wds_async.backends._h1 import HEAD_ROOM, PAUSE_BYTES, READ_BYTES, H1Pool, MalformedAnswer
+from wds_async.backends._h1frame import Dechunk, host_header, parse_head, range_size, request_bytes
+from wds_async.backends._h1wire import MIN_READ_BYTES, SPARE_BUFFERS
 from wds_async.backends.http import HttpBackend
 
 Reply = Callable[[str, asyncio.StreamWriter, int], Awaitable[bool]]
@@ -362,6 +362,8 @@ def test_the_framing_without_a_socket() -> None:
     with pytest.raises(MalformedAnswer, match="bad header line"):
         parse_head(b"HTTP/1.1 200 OK\r\n folded: value")  # obsolete line folding is refused, not guessed at
     assert host_header("::1", 8080, False) == "[::1]:8080" and host_header("h.example", 443, True) == "h.example"
+    assert [range_size(r) for r in ("bytes=0-9", "bytes=100-", "bytes=-5", "bytes=0-1,5-9", "items=0-9", None)] == \
+        [10, None, None, None, None, None]
     sent = request_bytes("/b/k?x=1", CIMultiDict({"Host": "h", "Range": "bytes=0-9"}))
     assert sent == b"GET /b/k?x=1 HTTP/1.1\r\nHost: h\r\nRange: bytes=0-9\r\n\r\n"
 
@@ -389,5 +391,37 @@ async def test_receive_buffers_are_reused_between_answers_and_the_spares_are_bou
                 assert await one.read() == BODY[:70_000]
                 one.release()
             assert len(pool._spare) == SPARE_BUFFERS
+        finally:
+            await pool.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_ranged_get_without_a_spare_buffer_gets_one_of_its_size() -> None:
+    """A fresh receive buffer is zeroed: a 64 KiB range does not pay for READ_BYTES. Small buffers are not kept as
+    spares (a later large answer would read through them 16 KiB at a time); a larger answer than its Range said
+    still reads whole."""
+    async def reply(path: str, w: asyncio.StreamWriter, n: int) -> bool:
+        w.write(answer(BODY[:70_000] if path == "/big" else BODY[:1000]))
+        await w.drain()
+        return True
+
+    async with scripted(reply) as server:
+        pool = H1Pool(limit=0, tls=ssl.create_default_context, connect_timeout=5, read_timeout=5, headers={})
+        try:
+            small = await pool.get(server.url("/a"), {"Range": "bytes=0-999"})
+            assert await small.read() == BODY[:1000]
+            assert len(small._wire.buf) == MIN_READ_BYTES
+            small.release()
+            assert pool._spare == []
+            ranged = await pool.get(server.url("/big"), {"Range": "bytes=0-69999"})
+            assert await ranged.read() == BODY[:70_000] and len(ranged._wire.buf) == 70_000 + HEAD_ROOM
+            ranged.release()
+            wrong = await pool.get(server.url("/big"), {"Range": "bytes=0-9"})  # the server sends more than asked
+            assert await wrong.read() == BODY[:70_000]
+            wrong.release()
+            whole = await pool.get(server.url("/big"), {})
+            assert await whole.read() == BODY[:70_000] and len(whole._wire.buf) == READ_BYTES
+            whole.release()
+            assert len(pool._spare) == 1
         finally:
             await pool.aclose()
