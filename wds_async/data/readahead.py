@@ -1,9 +1,9 @@
 """Where a DataLoader's batches fall in a known sampler order, and which batches one process reads next.
 
-torch's DataLoader hands a worker its next batch of indices only when the last one is done, so a map-style dataset
-that reads each batch when asked has one batch in flight per worker, and every batch pays the store's time to first
-byte. Given the order its sampler follows (:meth:`~wds_async.IndexedWebDataset.follow`), the dataset can do better:
-the DataLoader cuts the sampler's sequence into consecutive batches of ``batch_size`` and deals them to its
+torch's DataLoader queues batches of indices for each worker (``prefetch_factor`` of them) but hands the dataset one
+at a time, out of sight of the rest, so a map-style dataset that reads each batch when asked has one batch in flight
+per worker, and every batch pays the store's time to first byte. Given the order its sampler follows
+(:meth:`~wds_async.IndexedWebDataset.follow`), the dataset can do better: the DataLoader cuts the sampler's sequence into consecutive batches of ``batch_size`` and deals them to its
 ``num_workers`` workers in turn, so a worker that was handed the batch at position ``p`` gets the batches at
 ``p + k * num_workers * batch_size`` next. :class:`Ahead` finds ``p`` (through the position of each index in the
 sequence) and names the next ``depth`` batches of this process, which the dataset starts reading at once.
