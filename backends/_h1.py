@@ -17,7 +17,9 @@ What it does:
 * HTTP/1.1 GETs with keep-alive: idle connections are pooled per (scheme, host, port) and dropped after
   ``keepalive`` seconds idle; at most ``limit`` connections are in use at once (idle ones do not count).
   A reused connection that the server closed while it was idle is replaced once, before any byte of the answer.
-* Bodies framed by Content-Length, by the chunked transfer coding, or by the connection's close.
+* Bodies framed by Content-Length, by the chunked transfer coding, or by the connection's close. Another transfer
+  coding is refused as a malformed answer (its bytes are not the object's); an answer framed both by chunks and by
+  Content-Length is read by its chunks, and its connection closed after.
 * Flow control: a connection stops reading from its socket, and drops its receive buffer, while ``PAUSE_BYTES`` of
   body wait for the reader in pieces. So the memory one answer holds outside the engine's byte budget is at most
   ``READ_BYTES + PAUSE_BYTES`` (the buffer and what waits, or what waits after the piece that crossed the line):
@@ -84,10 +86,17 @@ class H1Answer:
         self._out: collections.deque[bytes] = collections.deque()
         self._eof = False
         self._held = True  # the connection (and its slot in the pool) is still ours
+        codings = [c.strip() for c in ",".join(headers.getall("Transfer-Encoding", ())).lower().split(",") if c.strip()]
         if status in (204, 304) or 100 <= status < 200:
             self._left = 0
-        elif "chunked" in headers.get("Transfer-Encoding", "").lower():
+        elif codings:
+            # Only the chunked coding is understood: any other would hand coded bytes over as the object's
+            # (RFC 9112 section 6.1; the request asked for none)
+            if codings != ["chunked"]:
+                raise MalformedAnswer(f"unsupported Transfer-Encoding {', '.join(codings)[:60]!r}")
             self._dechunk = Dechunk()
+            if "Content-Length" in headers:
+                self._reusable = False  # both framings: chunked wins, and the connection is not trusted after
         elif "Content-Length" in headers:
             value = headers["Content-Length"].strip()
             if not value.isdigit():

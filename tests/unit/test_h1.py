@@ -133,6 +133,22 @@ async def test_chunked_bodies_are_decoded_and_the_connection_reused() -> None:
     assert server.connections == 1
 
 
+@pytest.mark.asyncio
+async def test_an_answer_framed_both_ways_is_read_by_its_chunks_and_its_connection_not_reused() -> None:
+    """Content-Length beside Transfer-Encoding: chunked (RFC 9112 6.3: chunked wins; a sign of smuggling, so the
+    connection is not trusted with another request)."""
+    async def reply(path: str, w: asyncio.StreamWriter, n: int) -> bool:
+        data = chunked(BODY[:5000], [2000, 3000])
+        w.write(data.replace(b"\r\n\r\n", b"\r\nContent-Length: 10\r\n\r\n", 1))
+        await w.drain()
+        return True
+
+    async with scripted(reply) as server, http_backend() as backend:
+        assert await read_all(backend, server.url("/c")) == BODY[:5000]
+        assert await read_all(backend, server.url("/c")) == BODY[:5000]
+    assert server.connections == 2
+
+
 def test_the_chunked_decoder_refuses_bad_sizes_and_missing_crlf() -> None:
     with pytest.raises(MalformedAnswer, match="bad chunk size"):
         Dechunk().feed(b"zz\r\n")
@@ -254,7 +270,9 @@ async def test_a_slow_but_steady_body_and_a_busy_reader_are_not_stalls() -> None
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize("garbage", [b"SSH-2.0-OpenSSH_9.6\r\n\r\n", b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n",
-                                     b"HTTP/1.1 200 OK\r\nContent-Length: ten\r\n\r\n"])
+                                     b"HTTP/1.1 200 OK\r\nContent-Length: ten\r\n\r\n",
+                                     b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n\x1f\x8b",
+                                     b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n"])
 async def test_a_malformed_answer_is_a_clear_permanent_error(garbage: bytes) -> None:
     async def reply(path: str, w: asyncio.StreamWriter, n: int) -> bool:
         w.write(garbage)
