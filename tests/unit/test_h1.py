@@ -4,101 +4,22 @@ Each server is a real asyncio socket server that reads a request's head and answ
 writes by hand: the framings (Content-Length, chunked, close), keep-alive and a connection the server
 dropped while idle, bodies cut short, stalls, malformed answers, interim answers, redirects, flow control.
 Bodies are read through :class:`~wds_async.backends.http.HttpBackend`, as the engine reads them, so the
-errors checked are the ones the engine sees (and resumes from, at the offset they carry).
+errors checked are the ones the engine sees (and resumes from, at the offset they carry). The servers live in
+``h1_servers.py``; the framing without a socket is tested in ``test_h1frame.py``, the receive buffers in
+``test_h1_buffers.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
-from multidict import CIMultiDict
 
 import wds_async as wds
-from wds_async.backends._h1 import HEAD_ROOM, PAUSE_BYTES, READ_BYTES, H1Pool, MalformedAnswer
-from wds_async.backends._h1frame import Dechunk, host_header, parse_head, range_size, request_bytes
-from wds_async.backends._h1wire import MIN_READ_BYTES, SPARE_BUFFERS
+from tests.unit.h1_servers import BODY, answer, chunked, http_backend, read_all, scripted
+from wds_async.backends._h1 import PAUSE_BYTES, READ_BYTES, H1Pool
 from wds_async.backends.http import HttpBackend
-
-Reply = Callable[[str, asyncio.StreamWriter, int], Awaitable[bool]]
-
-
-@dataclass
-class Scripted:
-    """A server whose answers ``reply(path, writer, connection number)`` writes; it returns whether the
-    connection stays open for another request."""
-
-    reply: Reply
-    port: int = 0
-    connections: int = 0
-    requests: list[tuple[int, str, dict[str, str]]] = field(default_factory=list)
-
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
-
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        number = self.connections
-        try:
-            while True:
-                try:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                except (asyncio.IncompleteReadError, ConnectionError):
-                    return
-                line, *rest = head.decode("latin-1").split("\r\n")
-                headers = dict(h.split(": ", 1) for h in rest if h)
-                path = line.split(" ")[1]
-                self.requests.append((number, path, headers))
-                if not await self.reply(path, writer, number):
-                    return
-        finally:
-            writer.close()
-
-
-@asynccontextmanager
-async def scripted(reply: Reply) -> AsyncIterator[Scripted]:
-    server = Scripted(reply)
-    listener = await asyncio.start_server(server.handle, "127.0.0.1", 0)
-    server.port = listener.sockets[0].getsockname()[1]
-    try:
-        yield server
-    finally:
-        listener.close()
-        await listener.wait_closed()
-
-
-def answer(body: bytes, status: str = "200 OK", extra: str = "") -> bytes:
-    return f"HTTP/1.1 {status}\r\nContent-Length: {len(body)}\r\n{extra}\r\n".encode() + body
-
-
-def chunked(body: bytes, sizes: list[int]) -> bytes:
-    out, i = [], 0
-    for n in sizes:
-        out.append(f"{n:x};ext=1\r\n".encode() + body[i : i + n] + b"\r\n")
-        i += n
-    return b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"".join(out) + b"0\r\nX-Trailer: t\r\n\r\n"
-
-
-@asynccontextmanager
-async def http_backend(**options: Any) -> AsyncIterator[HttpBackend]:
-    backend = HttpBackend(**options)
-    try:
-        yield backend
-    finally:
-        await backend.aclose()
-
-
-async def read_all(backend: HttpBackend, url: str, start: int = 0, end: int | None = None) -> bytes:
-    async with backend.open(url, start=start, end=end) as stream:
-        return b"".join([bytes(chunk) async for chunk in stream])
-
-
-BODY = bytes(range(256)) * 4000  # 1 MB
 
 
 @pytest.mark.asyncio
@@ -147,15 +68,6 @@ async def test_an_answer_framed_both_ways_is_read_by_its_chunks_and_its_connecti
         assert await read_all(backend, server.url("/c")) == BODY[:5000]
         assert await read_all(backend, server.url("/c")) == BODY[:5000]
     assert server.connections == 2
-
-
-def test_the_chunked_decoder_refuses_bad_sizes_and_missing_crlf() -> None:
-    with pytest.raises(MalformedAnswer, match="bad chunk size"):
-        Dechunk().feed(b"zz\r\n")
-    with pytest.raises(MalformedAnswer, match="not followed by CRLF"):
-        Dechunk().feed(b"2\r\nabX\r\n")
-    d = Dechunk()
-    assert b"".join(d.feed(b"3\r\nabc\r\n0\r\n\r\n")) == b"abc" and d.state == "done"
 
 
 @pytest.mark.asyncio
@@ -363,83 +275,3 @@ async def test_the_aiohttp_client_remains_selectable() -> None:
         assert backend._pool is None
     with pytest.raises(ValueError, match="client must be one of"):
         HttpBackend(client="curl")
-
-
-def test_an_answer_holds_no_more_than_the_allowance_the_engine_counts() -> None:
-    from wds_async.engine.engine import STREAM_ALLOWANCE
-
-    # the receive buffer (or the piece that crossed the pause line), what waits, and the piece a reader holds
-    assert READ_BYTES + PAUSE_BYTES + READ_BYTES <= HttpBackend.capabilities.buffer_allowance == STREAM_ALLOWANCE
-
-
-def test_the_framing_without_a_socket() -> None:
-    version, status, reason, headers = parse_head(b"HTTP/1.0 206 Partial Content\r\nETag: \"x\"\r\nX-A: 1\r\nx-a:  2 ")
-    assert (version, status, reason) == (0, 206, "Partial Content")
-    assert headers["etag"] == '"x"' and headers.getall("X-A") == ["1", "2"]
-    assert parse_head(b"HTTP/1.1 404")[1:3] == (404, "")
-    with pytest.raises(MalformedAnswer, match="bad header line"):
-        parse_head(b"HTTP/1.1 200 OK\r\n folded: value")  # obsolete line folding is refused, not guessed at
-    assert host_header("::1", 8080, False) == "[::1]:8080" and host_header("h.example", 443, True) == "h.example"
-    assert [range_size(r) for r in ("bytes=0-9", "bytes=100-", "bytes=-5", "bytes=0-1,5-9", "items=0-9", None)] == \
-        [10, None, None, None, None, None]
-    sent = request_bytes("/b/k?x=1", CIMultiDict({"Host": "h", "Range": "bytes=0-9"}))
-    assert sent == b"GET /b/k?x=1 HTTP/1.1\r\nHost: h\r\nRange: bytes=0-9\r\n\r\n"
-
-
-@pytest.mark.asyncio
-async def test_receive_buffers_are_reused_between_answers_and_the_spares_are_bounded() -> None:
-    async def reply(path: str, w: asyncio.StreamWriter, n: int) -> bool:
-        w.write(answer(BODY[:70_000]))
-        await w.drain()
-        return True
-
-    async with scripted(reply) as server:
-        pool = H1Pool(limit=0, tls=ssl.create_default_context, connect_timeout=5, read_timeout=5, headers={})
-        try:
-            first = await pool.get(server.url("/a"), {})
-            assert await first.read() == BODY[:70_000]
-            buffer = first._wire.buf
-            first.release()
-            assert pool._spare == [buffer]  # kept for the next answer, not dropped with the idle connection
-            second = await pool.get(server.url("/a"), {})
-            assert await second.read() == BODY[:70_000] and second._wire.buf is buffer and not pool._spare
-            second.release()
-            many = [await pool.get(server.url("/a"), {}) for _ in range(12)]  # 12 connections at once
-            for one in many:
-                assert await one.read() == BODY[:70_000]
-                one.release()
-            assert len(pool._spare) == SPARE_BUFFERS
-        finally:
-            await pool.aclose()
-
-
-@pytest.mark.asyncio
-async def test_a_ranged_get_without_a_spare_buffer_gets_one_of_its_size() -> None:
-    """A fresh receive buffer is zeroed: a 64 KiB range does not pay for READ_BYTES. Small buffers are not kept as
-    spares (a later large answer would read through them 16 KiB at a time); a larger answer than its Range said
-    still reads whole."""
-    async def reply(path: str, w: asyncio.StreamWriter, n: int) -> bool:
-        w.write(answer(BODY[:70_000] if path == "/big" else BODY[:1000]))
-        await w.drain()
-        return True
-
-    async with scripted(reply) as server:
-        pool = H1Pool(limit=0, tls=ssl.create_default_context, connect_timeout=5, read_timeout=5, headers={})
-        try:
-            small = await pool.get(server.url("/a"), {"Range": "bytes=0-999"})
-            assert await small.read() == BODY[:1000]
-            assert len(small._wire.buf) == MIN_READ_BYTES
-            small.release()
-            assert pool._spare == []
-            ranged = await pool.get(server.url("/big"), {"Range": "bytes=0-69999"})
-            assert await ranged.read() == BODY[:70_000] and len(ranged._wire.buf) == 70_000 + HEAD_ROOM
-            ranged.release()
-            wrong = await pool.get(server.url("/big"), {"Range": "bytes=0-9"})  # the server sends more than asked
-            assert await wrong.read() == BODY[:70_000]
-            wrong.release()
-            whole = await pool.get(server.url("/big"), {})
-            assert await whole.read() == BODY[:70_000] and len(whole._wire.buf) == READ_BYTES
-            whole.release()
-            assert len(pool._spare) == 1
-        finally:
-            await pool.aclose()
