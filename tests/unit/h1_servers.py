@@ -7,11 +7,13 @@ number)``), so framings, cut bodies, stalls and malformed answers are exactly wh
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from wds_async.backends._h1 import H1Pool
 from wds_async.backends.http import HttpBackend
 
 Reply = Callable[[str, asyncio.StreamWriter, int], Awaitable[bool]]
@@ -88,3 +90,21 @@ async def read_all(backend: HttpBackend, url: str, start: int = 0, end: int | No
 
 
 BODY = bytes(range(256)) * 4000  # 1 MB
+
+
+def answering(body_of: Callable[[str], bytes]) -> Reply:
+    """A reply that answers every request with ``body_of(path)`` (Content-Length framed) and keeps the
+    connection open."""
+
+    async def reply(path: str, w: asyncio.StreamWriter, n: int) -> bool:
+        w.write(answer(body_of(path)))
+        await w.drain()
+        return True
+
+    return reply
+
+
+def new_pool(limit: int = 0, timeout: float = 5) -> H1Pool:
+    """A bare keep-alive pool (no backend around it), for tests that look at its connections and buffers."""
+    return H1Pool(limit=limit, tls=ssl.create_default_context, connect_timeout=timeout, read_timeout=timeout,
+                  headers={})

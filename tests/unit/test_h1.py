@@ -12,22 +12,18 @@ errors checked are the ones the engine sees (and resumes from, at the offset the
 from __future__ import annotations
 
 import asyncio
-import ssl
 
 import pytest
 
 import wds_async as wds
-from tests.unit.h1_servers import BODY, answer, chunked, http_backend, read_all, scripted
-from wds_async.backends._h1 import PAUSE_BYTES, READ_BYTES, H1Pool
+from tests.unit.h1_servers import BODY, answer, answering, chunked, http_backend, new_pool, read_all, scripted
+from wds_async.backends._h1 import PAUSE_BYTES, READ_BYTES
 from wds_async.backends.http import HttpBackend
 
 
 @pytest.mark.asyncio
 async def test_content_length_bodies_reuse_one_connection() -> None:
-    async def reply(path: str, w: asyncio.StreamWriter, n: int) -> bool:
-        w.write(answer(BODY if path == "/big" else b"small"))
-        await w.drain()
-        return True
+    reply = answering(lambda path: BODY if path == "/big" else b"small")
 
     async with scripted(reply) as server, http_backend() as backend:
         assert await read_all(backend, server.url("/big")) == BODY
@@ -54,28 +50,22 @@ async def test_chunked_bodies_are_decoded_and_the_connection_reused() -> None:
     assert server.connections == 1
 
 
-@pytest.mark.asyncio
-async def test_an_answer_framed_both_ways_is_read_by_its_chunks_and_its_connection_not_reused() -> None:
-    """Content-Length beside Transfer-Encoding: chunked (RFC 9112 6.3: chunked wins; a sign of smuggling, so the
-    connection is not trusted with another request)."""
-    async def reply(path: str, w: asyncio.StreamWriter, n: int) -> bool:
-        data = chunked(BODY[:5000], [2000, 3000])
-        w.write(data.replace(b"\r\n\r\n", b"\r\nContent-Length: 10\r\n\r\n", 1))
-        await w.drain()
-        return True
-
-    async with scripted(reply) as server, http_backend() as backend:
-        assert await read_all(backend, server.url("/c")) == BODY[:5000]
-        assert await read_all(backend, server.url("/c")) == BODY[:5000]
-    assert server.connections == 2
+BOTH_FRAMINGS = chunked(BODY[:5000], [2000, 3000]).replace(b"\r\n\r\n", b"\r\nContent-Length: 10\r\n\r\n", 1)
+FRAMED_BY_CLOSE = b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + BODY[:5000]
 
 
 @pytest.mark.asyncio
-async def test_a_body_framed_by_the_close_ends_there_and_is_not_reused() -> None:
+@pytest.mark.parametrize("wire, server_closes", [(FRAMED_BY_CLOSE, True), (BOTH_FRAMINGS, False)],
+                         ids=["framed-by-the-close", "chunked-and-content-length"])
+async def test_an_answer_whose_connection_cannot_carry_another_is_read_whole_and_not_reused(
+        wire: bytes, server_closes: bool) -> None:
+    """A body framed by the close ends there. Content-Length beside Transfer-Encoding: chunked is read by its
+    chunks (RFC 9112 6.3: chunked wins) and, a sign of smuggling, the connection is not trusted with another
+    request even though the server keeps it open."""
     async def reply(path: str, w: asyncio.StreamWriter, n: int) -> bool:
-        w.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + BODY[:5000])
+        w.write(wire)
         await w.drain()
-        return False
+        return not server_closes
 
     async with scripted(reply) as server, http_backend() as backend:
         assert await read_all(backend, server.url("/a")) == BODY[:5000]
@@ -229,13 +219,10 @@ async def test_interim_answers_are_skipped_and_redirects_followed() -> None:
 async def test_a_slow_reader_pauses_the_socket_so_memory_stays_bounded() -> None:
     big = BODY * 8
 
-    async def reply(path: str, w: asyncio.StreamWriter, n: int) -> bool:
-        w.write(answer(big))
-        await w.drain()
-        return True
+    reply = answering(lambda path: big)
 
     async with scripted(reply) as server:
-        pool = H1Pool(limit=4, tls=ssl.create_default_context, connect_timeout=5, read_timeout=5, headers={})
+        pool = new_pool(limit=4)
         try:
             answer_ = await pool.get(server.url("/a"), {})
             got = [(await answer_.readchunk())[0]]
@@ -255,7 +242,7 @@ async def test_a_slow_reader_pauses_the_socket_so_memory_stays_bounded() -> None
 
 @pytest.mark.asyncio
 async def test_a_header_that_would_split_the_request_is_refused() -> None:
-    pool = H1Pool(limit=1, tls=ssl.create_default_context, connect_timeout=1, read_timeout=1, headers={})
+    pool = new_pool(limit=1, timeout=1)
     with pytest.raises(ValueError, match="cannot be sent"):
         await pool.get("http://127.0.0.1:9/a", {"X-Evil": "a\r\nInjected: yes"})
     with pytest.raises(ValueError, match="cannot be sent"):
@@ -265,10 +252,7 @@ async def test_a_header_that_would_split_the_request_is_refused() -> None:
 
 @pytest.mark.asyncio
 async def test_the_aiohttp_client_remains_selectable() -> None:
-    async def reply(path: str, w: asyncio.StreamWriter, n: int) -> bool:
-        w.write(answer(b"via aiohttp"))
-        await w.drain()
-        return True
+    reply = answering(lambda path: b"via aiohttp")
 
     async with scripted(reply) as server, http_backend(client="aiohttp") as backend:
         assert await read_all(backend, server.url("/a")) == b"via aiohttp"

@@ -3,13 +3,10 @@ spares, sized for a range, and within the allowance the engine counts per stream
 
 from __future__ import annotations
 
-import asyncio
-import ssl
-
 import pytest
 
-from tests.unit.h1_servers import BODY, answer, scripted
-from wds_async.backends._h1 import HEAD_ROOM, PAUSE_BYTES, READ_BYTES, H1Pool
+from tests.unit.h1_servers import BODY, answering, new_pool, scripted
+from wds_async.backends._h1 import HEAD_ROOM, PAUSE_BYTES, READ_BYTES
 from wds_async.backends._h1wire import MIN_READ_BYTES, SPARE_BUFFERS
 from wds_async.backends.http import HttpBackend
 
@@ -23,13 +20,10 @@ def test_an_answer_holds_no_more_than_the_allowance_the_engine_counts() -> None:
 
 @pytest.mark.asyncio
 async def test_receive_buffers_are_reused_between_answers_and_the_spares_are_bounded() -> None:
-    async def reply(path: str, w: asyncio.StreamWriter, n: int) -> bool:
-        w.write(answer(BODY[:70_000]))
-        await w.drain()
-        return True
+    reply = answering(lambda path: BODY[:70_000])
 
     async with scripted(reply) as server:
-        pool = H1Pool(limit=0, tls=ssl.create_default_context, connect_timeout=5, read_timeout=5, headers={})
+        pool = new_pool()
         try:
             first = await pool.get(server.url("/a"), {})
             assert await first.read() == BODY[:70_000]
@@ -53,13 +47,10 @@ async def test_a_ranged_get_without_a_spare_buffer_gets_one_of_its_size() -> Non
     """A fresh receive buffer is zeroed: a 64 KiB range does not pay for READ_BYTES. Small buffers are not kept as
     spares (a later large answer would read through them 16 KiB at a time); a larger answer than its Range said
     still reads whole."""
-    async def reply(path: str, w: asyncio.StreamWriter, n: int) -> bool:
-        w.write(answer(BODY[:70_000] if path == "/big" else BODY[:1000]))
-        await w.drain()
-        return True
+    reply = answering(lambda path: BODY[:70_000] if path == "/big" else BODY[:1000])
 
     async with scripted(reply) as server:
-        pool = H1Pool(limit=0, tls=ssl.create_default_context, connect_timeout=5, read_timeout=5, headers={})
+        pool = new_pool()
         try:
             small = await pool.get(server.url("/a"), {"Range": "bytes=0-999"})
             assert await small.read() == BODY[:1000]
