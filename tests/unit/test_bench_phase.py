@@ -29,7 +29,6 @@ def test_the_raw_phase_imports_its_backends_before_the_clock_starts(tmp_path: Pa
         return real(scheme, url)
 
     monkeypatch.setattr(registry, "backend_class", slow_first_import)
-    monkeypatch.setattr("wds_async.io.backend_class", slow_first_import)
     result = phase._phase_raw([str(shard)], 4, phase._Reporter(None))
     assert result["bytes"] == 4096 and looked_up
     assert result["wall_s"] < 0.9, f"the raw phase timed its backend's import: {result['wall_s']:.2f} s"
@@ -42,6 +41,6 @@ def test_the_raw_phase_names_a_missing_backend_before_it_starts(url: str, monkey
     def missing(scheme: str, url: str | None = None) -> Any:
         raise MissingDependency(f"the {scheme}:// backend needs a package", url=url)
 
-    monkeypatch.setattr("wds_async.io.backend_class", missing)
+    monkeypatch.setattr(registry, "backend_class", missing)
     with pytest.raises(MissingDependency, match="needs a package"):
         phase._phase_raw([url], 4, phase._Reporter(None))

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any
 
 from ..backends.file import local_path
@@ -32,7 +32,7 @@ from ..engine.shared import SharedEngine
 from ..engine.spec import StreamSpec
 from ..errors import EmptyShards
 from ..index.format import ShardIndex
-from ..io import scheme_options, validate_url
+from ..io import import_backends, scheme_options, validate_url
 from ..io.listing import expand_globs
 from ..node import share_config
 from ..service.options import check_service_options, service_settings
@@ -178,7 +178,7 @@ class WebDataset(FluidPipeline):
         self._service_used: str | None = None
         if self.service is not None:
             check_service_options(self.service, select_files, rename_files, backends, self._backend_options)
-        _import_backends(self.urls, backends)
+        import_backends(self.urls, backends)
         self._local = any(scheme_of(u) == "file" for u in self.urls)  # samples get __local_path__
         self.handler = resolve_handler(handler)
         self.shardshuffle = bool(shardshuffle)
@@ -387,13 +387,3 @@ def _path_setter() -> Callable[[Any], None]:
             sample["__local_path__"] = path
 
     return set_path
-
-
-def _import_backends(urls: list[str], given: Mapping[str, Any] | None) -> None:
-    """Import the backend module of every scheme in ``urls`` now, at construction: a missing SDK is an
-    error here rather than at the first batch, and the import (botocore alone takes about 0.15 s) is
-    paid before iteration starts, so a DataLoader's forked workers inherit it instead of each repeating it."""
-    from ..io import backend_class, backend_key
-
-    for scheme in {backend_key(url) for url in urls} - set(given or ()):
-        backend_class(scheme, redact_url(next(u for u in urls if backend_key(u) == scheme)))

@@ -50,12 +50,11 @@ from ..config import EngineConfig, RetryPolicy
 from ..engine.grouping import Sample
 from ..engine.spec import StreamSpec
 from ..index.format import ShardEntry, ShardIndex
-from ..io import scheme_options, validate_url
+from ..io import import_backends, scheme_options, validate_url
 from ..node import share_config
 from ..urls import expand_urls, redact_url, scheme_of
 from . import handlers as _handlers
 from ._torch import HAVE_TORCH
-from .dataset import _import_backends
 from .readahead import Ahead
 from .reads import ProcessReads, ShardLayout
 from .stages import factories as _f
@@ -170,7 +169,7 @@ class IndexedWebDataset(_MapBase[Any]):
                                  "use IndexedWebDataset with store URLs or local files")
         self._backends = backends
         self._backend_options = scheme_options(backend_options, self.urls, backends)
-        _import_backends(self.urls, backends)  # a missing SDK fails here; forked workers inherit the imports
+        import_backends(self.urls, backends)  # a missing SDK fails here; forked workers inherit the imports
         self.cache = make_cache(cache_dir, cache_size, validate=cache_validate) if cache_dir is not None else None
         self.index: ShardIndex | None = None
         if index is None:

@@ -17,6 +17,7 @@ from .registry import (
            accepted_options,
            backend_class,
            backend_key,
+           import_backends,
            register_backend,
            scheme_options,
            supported_schemes,
@@ -24,4 +25,4 @@ from .registry import (
 )
 
 __all__ = ["REGISTRY", "Backend", "BackendSet", "ByteStream", "Capabilities", "ObjectIdentity", "capabilities_of", "accepted_options", "backend_class",
-           "backend_key", "register_backend", "scheme_options", "supported_schemes", "validate_url"]
+           "backend_key", "import_backends", "register_backend", "scheme_options", "supported_schemes", "validate_url"]

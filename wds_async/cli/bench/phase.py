@@ -84,15 +84,12 @@ def _phase_raw(urls: list[str], connections: int, reporter: _Reporter) -> dict[s
     from asyncio import TaskGroup
 
     from ..._loop import run_private
-    from ...io import backend_class, backend_key
+    from ...io import import_backends
     from ...io.rawread import drain, raw_backends
-    from ...urls import redact_url
 
-    # The backends' modules are imported before the clock starts, as WebDataset imports them at construction
-    # (botocore alone takes about 0.15 s): timed, a short raw pass of s3:// URLs ran at 0.82-0.88x s5cmd's rate
-    # while the loader ran at 0.97-1.00x.
-    for scheme in {backend_key(url) for url in urls}:
-        backend_class(scheme, redact_url(next(u for u in urls if backend_key(u) == scheme)))
+    # Before the clock, as the loader's phase constructs its dataset: timed, botocore's import made a short raw
+    # pass of s3:// URLs run at 0.82-0.88x s5cmd's rate while the loader ran at 0.97-1.00x.
+    import_backends(urls)
     baseline = _rss()
     total = 0
     started = cpu0 = 0.0
