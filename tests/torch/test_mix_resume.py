@@ -259,12 +259,14 @@ def _torchrun(cfg: dict[str, Any], nproc: int, output: Path, timeout: float = 10
               kill_at: int | list[int] | None = None, logs: list[str] | None = None, settle: float = 0.0) -> int:
     """Launch the child under torchrun (gloo on CPU, 127.0.0.1); kill every process below it on the way out.
     Returns 0; with ``kill_at``, SIGKILLs the whole job (torchrun, its ranks, their DataLoader workers) once
-    every log of ``logs`` shows that step (or its own step of a list), and ``settle`` seconds more, and returns -9. A launch that fails, or runs past ``timeout`` (before
-    the kill step), fails the test with torchrun's output."""
+    every log of ``logs`` shows that step (or its own step of a list), and ``settle`` seconds more, and returns
+    -9. A launch that fails, or runs past ``timeout`` (before the kill step), fails the test with torchrun's
+    output."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "PYTHONPATH": REPO}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--master-addr", "127.0.0.1", "--local-addr", "127.0.0.1",
            "--nproc-per-node", str(nproc), "--master-port", str(_free_port()), CHILD, json.dumps(cfg)]
     assert kill_at is None or logs, "a kill needs the logs to watch"
+    targets = [] if kill_at is None else kill_at if isinstance(kill_at, list) else [kill_at] * len(logs or [])
     seen: dict[int, psutil.Process] = {}
 
     def observe() -> None:
@@ -301,8 +303,7 @@ def _torchrun(cfg: dict[str, Any], nproc: int, output: Path, timeout: float = 10
             if time.monotonic() - observed > 0.2:
                 observe()
                 observed = time.monotonic()
-            targets = kill_at if isinstance(kill_at, list) else [kill_at] * len(logs or [])
-            if kill_at is not None and all(steps(log) >= at for log, at in zip(logs or [], targets)):
+            if targets and all(steps(log) >= at for log, at in zip(logs or [], targets)):
                 time.sleep(settle)
                 kill_all(check=True)
                 return -9
@@ -375,8 +376,8 @@ def test_torchrun_job_sigkilled_mid_epoch_resumes_each_rank_s_sequence(data: Any
     """2 ranks x 2 workers of a seeded mix of indexed sources under torchrun, held in lockstep as DDP holds them
     (a barrier after every step): the whole job (torchrun, ranks, DataLoader workers) is SIGKILLed mid-epoch and
     relaunched, each rank resuming from its own ``loader.state_dict()`` of the newest step every rank saved (a kill
-    can find one rank a step ahead). Per rank, the keys up to that step followed by the relaunch's are those of one uninterrupted torchrun job with the same seeds, and both
-    ranks deliver the same number of samples."""
+    can find one rank a step ahead). Per rank, the keys up to that step followed by the relaunch's are those of
+    one uninterrupted torchrun job with the same seeds, and both ranks deliver the same number of samples."""
     world, timeout = 2, 45
     cfg = _config(data, tmp_path, names=S, index=True, workers=2, shuffle=(16, 0, 8), step_time=0.02, lockstep=True)
 

@@ -15,10 +15,11 @@ which reads them concurrently through the same limiter, autotuner, byte budget, 
 streaming. Every sample returned is checked to be the one asked for (its key and offset).
 
 Reading ahead: torch's DataLoader hands a worker's dataset one batch of indices at a time (the batches queued for
-the worker are out of its sight), so each batch would pay the store's time to first byte in turn. Where the dataset follows its sampler (:meth:`follow`, which
-:class:`~wds_async.BlockShuffleSampler` calls), each process finds where a batch lies in the sampler's order and
-starts its next ``readahead`` batches at once (:mod:`wds_async.data.readahead`); a guess that misses is dropped, and
-an error of a batch read ahead is raised only when that batch is asked for.
+the worker are out of its sight), so each batch would pay the store's time to first byte in turn. Where the dataset
+follows its sampler (:meth:`follow`, which :class:`~wds_async.BlockShuffleSampler` calls), each process finds where
+a batch lies in the sampler's order and starts its next ``readahead`` batches at once
+(:mod:`wds_async.data.readahead`); a guess that misses is dropped, and an error of a batch read ahead is raised only
+when that batch is asked for.
 
 Processes: nothing runs at construction but loading and matching the index. The engine (a loop thread and its
 connections) starts on the first read in each process, with this process's share of the node budgets

@@ -3,10 +3,11 @@
 torch's DataLoader queues batches of indices for each worker (``prefetch_factor`` of them) but hands the dataset one
 at a time, out of sight of the rest, so a map-style dataset that reads each batch when asked has one batch in flight
 per worker, and every batch pays the store's time to first byte. Given the order its sampler follows
-(:meth:`~wds_async.IndexedWebDataset.follow`), the dataset can do better: the DataLoader cuts the sampler's sequence into consecutive batches of ``batch_size`` and deals them to its
-``num_workers`` workers in turn, so a worker that was handed the batch at position ``p`` gets the batches at
-``p + k * num_workers * batch_size`` next. :class:`Ahead` finds ``p`` (through the position of each index in the
-sequence) and names the next ``depth`` batches of this process, which the dataset starts reading at once.
+(:meth:`~wds_async.IndexedWebDataset.follow`), the dataset can do better: the DataLoader cuts the sampler's sequence
+into consecutive batches of ``batch_size`` and deals them to its ``num_workers`` workers in turn, so a worker that
+was handed the batch at position ``p`` gets the batches at ``p + k * num_workers * batch_size`` next. :class:`Ahead`
+finds ``p`` (through the position of each index in the sequence) and names the next ``depth`` batches of this
+process, which the dataset starts reading at once.
 
 A guess that turns out wrong (another batch sampler, a worker that died, an epoch the worker did not expect) costs
 the bytes read ahead, never a wrong sample: a batch is always served from the indices it was handed, and read
