@@ -7,6 +7,7 @@ import io
 import json
 import os
 import re
+import socket
 import tarfile
 import threading
 import time
@@ -127,6 +128,13 @@ def write_tar(path: Path, members: list[tuple[str, bytes]], fmt: int = tarfile.G
             info.size = len(data)
             tf.addfile(info, io.BytesIO(data))
     return path
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 free now (for a server or a torchrun rendezvous the test starts next)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def open_fds() -> int:

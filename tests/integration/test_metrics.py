@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import wds_async as wds
 from emustore import StoreProcess
-from tests.conftest import N_SHARDS, wait_until
+from tests.conftest import N_SHARDS, free_port, wait_until
 
 #: Each response streams at 400 kB/s, so the 2 MiB epoch lasts seconds and two scrapes fall inside it.
 SLOW = "?bw=400000"
@@ -100,17 +99,11 @@ def test_scraped_during_an_epoch_summed_over_dataloader_workers(store: StoreProc
     assert second["wds_async_first_sample_seconds"]["train"] > 0
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture
 def metered_service() -> Iterator[tuple[str, str]]:
     """``wds-async serve --metrics-port`` in a subprocess: (socket path, metrics URL)."""
     directory = tempfile.mkdtemp(prefix="wds-met-")
-    path, port = os.path.join(directory, "svc.sock"), _free_port()
+    path, port = os.path.join(directory, "svc.sock"), free_port()
     url = f"http://127.0.0.1:{port}/metrics"
     process = subprocess.Popen([sys.executable, "-m", "wds_async.cli.main", "serve", "--socket", path,
                                 "--max-connections", "2", "--metrics-port", str(port)],

@@ -16,7 +16,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ import pytest
 import wds_async as wds
 from benchmarks.make_shards import make_shards
 from emustore import Knobs, StoreProcess
+from tests.conftest import free_port
 from tests.torch.children import checkpointed, lines, run_child, steps
 from wds_async.data.plan import shard_order, split_equal
 
@@ -249,12 +249,6 @@ def test_balanced_proportions_in_every_window_through_2_workers(data: Any, tmp_p
 
 # -- 4. torchrun: equal samples per rank -------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _torchrun(cfg: dict[str, Any], nproc: int, output: Path, timeout: float = 100,
               kill_at: int | list[int] | None = None, logs: list[str] | None = None, settle: float = 0.0) -> int:
     """Launch the child under torchrun (gloo on CPU, 127.0.0.1); kill every process below it on the way out.
@@ -264,7 +258,7 @@ def _torchrun(cfg: dict[str, Any], nproc: int, output: Path, timeout: float = 10
     output."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "PYTHONPATH": REPO}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--master-addr", "127.0.0.1", "--local-addr", "127.0.0.1",
-           "--nproc-per-node", str(nproc), "--master-port", str(_free_port()), CHILD, json.dumps(cfg)]
+           "--nproc-per-node", str(nproc), "--master-port", str(free_port()), CHILD, json.dumps(cfg)]
     assert kill_at is None or logs, "a kill needs the logs to watch"
     targets = [] if kill_at is None else kill_at if isinstance(kill_at, list) else [kill_at] * len(logs or [])
     seen: dict[int, psutil.Process] = {}

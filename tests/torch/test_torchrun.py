@@ -21,7 +21,6 @@ import math
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
@@ -35,6 +34,7 @@ import pytest
 
 import wds_async as wds
 from emustore import Knobs, StoreProcess
+from tests.conftest import free_port
 from wds_async.data.plan import shard_order
 
 if TYPE_CHECKING:
@@ -76,12 +76,6 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 # -- launching ---------------------------------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 class Launches:
     """torchrun processes in their own sessions; every process seen below them is killed on exit.
