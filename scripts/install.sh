@@ -18,7 +18,8 @@ if [ -n "${TORCH_INDEX_URL:-}" ]; then
 fi
 echo "installing torch==2.13.0${TORCH_INDEX_URL:+ from $TORCH_INDEX_URL} and wds-async[$extras] into .venv ..."
 .venv/bin/python -m pip install --quiet "${torch_index[@]}" "torch==2.13.0"
-.venv/bin/python -m pip install --quiet -e ".[$extras]"
+# The versions CI passed with (see the file's header); pyproject.toml's ranges still say what the library accepts.
+.venv/bin/python -m pip install --quiet -c scripts/constraints.txt -e ".[$extras]"
 if [ "$extras" = "dev" ]; then
     if command -v npm >/dev/null 2>&1; then
         if [ ! -x .servers/node_modules/.bin/azurite-blob ]; then
