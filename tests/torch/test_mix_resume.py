@@ -13,24 +13,19 @@ and an elastic resume (``wds.merge_states``) into another world size.
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 import wds_async as wds
 from benchmarks.make_shards import make_shards
 from emustore import Knobs, StoreProcess
 from tests.conftest import free_port
-from tests.torch.children import checkpointed, lines, run_child, steps
+from tests.torch.children import Launches, checkpointed, lines, run_child, steps
 from wds_async.data.plan import shard_order, split_equal
 
 CHILD = str(Path(__file__).with_name("mix_child.py"))
@@ -256,59 +251,27 @@ def _torchrun(cfg: dict[str, Any], nproc: int, output: Path, timeout: float = 10
     every log of ``logs`` shows that step (or its own step of a list), and ``settle`` seconds more, and returns
     -9. A launch that fails, or runs past ``timeout`` (before the kill step), fails the test with torchrun's
     output."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "PYTHONPATH": REPO}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--master-addr", "127.0.0.1", "--local-addr", "127.0.0.1",
-           "--nproc-per-node", str(nproc), "--master-port", str(free_port()), CHILD, json.dumps(cfg)]
     assert kill_at is None or logs, "a kill needs the logs to watch"
     targets = [] if kill_at is None else kill_at if isinstance(kill_at, list) else [kill_at] * len(logs or [])
-    seen: dict[int, psutil.Process] = {}
 
-    def observe() -> None:
-        # torchrun starts each rank in a session of its own, and a SIGKILLed rank's workers live on for a while:
-        # every process below torchrun is recorded while the job runs, to be killed by pid (psutil checks that a
-        # pid was not reused)
+    def reached() -> bool:
+        return all(steps(log) >= at for log, at in zip(logs or [], targets))
+
+    with Launches(CHILD) as job:
+        job.start(["--nproc-per-node", str(nproc), "--master-port", str(free_port())], [json.dumps(cfg)], output)
         try:
-            for child in psutil.Process(proc.pid).children(recursive=True):
-                seen.setdefault(child.pid, child)
-        except psutil.Error:
-            pass
-
-    def kill_all(check: bool = False) -> None:
-        observe()
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        for p in seen.values():
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-        proc.wait(10)
-        if check:
-            _, alive = psutil.wait_procs(list(seen.values()), timeout=10)
-            assert not alive, f"processes of the torchrun job outlived SIGKILL: {[p.pid for p in alive]}"
-
-    with open(output, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + timeout
-        observed = 0.0
-        while proc.poll() is None and time.monotonic() < deadline:
-            if time.monotonic() - observed > 0.2:
-                observe()
-                observed = time.monotonic()
-            if targets and all(steps(log) >= at for log, at in zip(logs or [], targets)):
-                time.sleep(settle)
-                kill_all(check=True)
-                return -9
-            time.sleep(0.01 if kill_at is not None else 0.2)
-        text = output.read_text(errors="replace")[-4000:]
-        reached = f" (steps logged: {[steps(log) for log in logs or []]}, to be killed at {kill_at})" if kill_at else ""
-        assert proc.poll() is not None, f"torchrun still running after {timeout:.0f} s (a hang?){reached}\n{text}"
-        assert proc.returncode == 0, text
+            codes = job.wait(timeout, until=reached if targets else None)
+        except AssertionError as exc:
+            if not targets:
+                raise
+            raise AssertionError(f"steps logged: {[steps(log) for log in logs or []]}, to be killed at {kill_at}") \
+                from exc
+        if codes is None:
+            time.sleep(settle)
+            job.kill(check=True)
+            return -9
+        assert codes == [0], job.output()
         return 0
-    finally:
-        kill_all()
 
 
 def _shares(source: dict[str, Any], seed: int, count: int) -> list[list[str]]:

@@ -18,27 +18,23 @@ from __future__ import annotations
 import io
 import json
 import math
-import os
 import random
 import signal
-import subprocess
-import sys
 import tarfile
-import time
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import psutil
 import pytest
 
 import wds_async as wds
 from emustore import Knobs, StoreProcess
 from tests.conftest import free_port
+from tests.torch.children import Launches
 from wds_async.data.plan import shard_order
 
 if TYPE_CHECKING:
-    from typing import Self
+    pass
 
 pytestmark = pytest.mark.slow
 
@@ -76,95 +72,6 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 # -- launching ---------------------------------------------------------------------------------------------
-
-class Launches:
-    """torchrun processes in their own sessions; every process seen below them is killed on exit.
-
-    torchrun starts each rank in a session of its own and a rank's DataLoader workers outlive a SIGKILLed
-    rank for a few seconds, so killing torchrun's process group is not enough: the descendants are
-    recorded while the job runs and killed by pid (psutil checks a pid was not reused).
-    """
-
-    def __init__(self) -> None:
-        self.procs: list[tuple[subprocess.Popen[bytes], Path]] = []
-        self.seen: dict[int, psutil.Process] = {}
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._observe()
-        for proc, _ in self.procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-        for p in self.seen.values():
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-        for proc, _ in self.procs:
-            proc.wait(10)
-
-    def start(self, torchrun_args: list[str], script_args: list[str], output: Path) -> subprocess.Popen[bytes]:
-        # PYTHONFAULTHANDLER: a rank or worker sent SIGABRT by wait() on a hang prints every thread's stack first.
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "PYTHONFAULTHANDLER": "1",
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--master-addr", "127.0.0.1",
-               "--local-addr", "127.0.0.1", *torchrun_args, EXAMPLE, *script_args]
-        with open(output, "wb") as out:
-            proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
-        self.procs.append((proc, output))
-        return proc
-
-    def _observe(self) -> None:
-        for proc, _ in self.procs:
-            try:
-                for child in psutil.Process(proc.pid).children(recursive=True):
-                    self.seen.setdefault(child.pid, child)
-            except psutil.Error:
-                pass
-
-    def wait(self, timeout: float = LAUNCH_TIMEOUT) -> list[int]:
-        """Every launch's exit status; AssertionError (with their output) if one is still running."""
-        deadline = time.monotonic() + timeout
-        while any(proc.poll() is None for proc, _ in self.procs) and time.monotonic() < deadline:
-            self._observe()
-            time.sleep(0.2)
-        if any(proc.poll() is None for proc, _ in self.procs):
-            self._dump_stacks()
-            raise AssertionError(f"torchrun still running after {timeout:.0f} s (a hang?)\n{self.output(20000)}")
-        return [int(proc.returncode) for proc, _ in self.procs]
-
-    def _dump_stacks(self) -> None:
-        """Where a hung launch's ranks and DataLoader workers wait: SIGABRT makes each print its threads' stacks
-        (faulthandler) into the launch's output."""
-        for proc, _ in self.procs:
-            if proc.poll() is not None:
-                continue
-            try:
-                below = psutil.Process(proc.pid).children(recursive=True)
-            except psutil.Error:
-                continue
-            proc.send_signal(signal.SIGSTOP)  # torchrun would end the other ranks once the first one dies
-            for child in below:  # one at a time, so that their stacks do not interleave in the output
-                try:
-                    child.send_signal(signal.SIGABRT)
-                except psutil.Error:
-                    continue
-                time.sleep(0.3)
-            proc.send_signal(signal.SIGCONT)
-        time.sleep(2)
-
-    def output(self, tail: int = 2000) -> str:
-        """Each launch's rank tracebacks (torchrun prefixes them with ``[rankN]:``) and its last ``tail`` characters."""
-        parts = []
-        for _, path in self.procs:
-            text = path.read_text(errors="replace")
-            ranks = [line for line in text.splitlines() if line.startswith("[rank")][-80:]
-            parts.append(f"--- {path.name}:\n" + "\n".join(ranks) + f"\n...\n{text[-tail:]}")
-        return "\n".join(parts)
-
 
 def script_args(data: dict[str, Any], tmp: Path, logs: str, *extra: str) -> list[str]:
     return [data["pattern"], "--index", data["index"], "--workers", str(WORKERS), "--batch-size", str(BATCH),
@@ -222,20 +129,20 @@ def check_epochs(logs: list[list[dict[str, Any]]], data: dict[str, Any], world: 
 # -- the tests ---------------------------------------------------------------------------------------------
 
 def test_one_node_4_ranks_2_workers(data: dict[str, Any], tmp_path: Path) -> None:
-    with Launches() as job:
+    with Launches(EXAMPLE) as job:
         job.start(["--nproc-per-node", "4", "--master-port", str(free_port())],
                   script_args(data, tmp_path, "logs", "--checkpoint-every", "10"), tmp_path / "torchrun.out")
-        assert job.wait() == [0], job.output()
+        assert job.wait(LAUNCH_TIMEOUT) == [0], job.output()
     check_epochs(read_logs(tmp_path / "logs", 4), data, 4)
 
 
 def test_two_nodes_of_2_ranks(data: dict[str, Any], tmp_path: Path) -> None:
     port = str(free_port())
-    with Launches() as job:
+    with Launches(EXAMPLE) as job:
         for node in (0, 1):
             job.start(["--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "2", "--master-port", port],
                       script_args(data, tmp_path, "logs"), tmp_path / f"node{node}.out")
-        assert job.wait() == [0, 0], job.output()
+        assert job.wait(LAUNCH_TIMEOUT) == [0, 0], job.output()
     check_epochs(read_logs(tmp_path / "logs", 4), data, 4)
 
 
@@ -246,19 +153,19 @@ def test_preempted_job_resumes(data: dict[str, Any], tmp_path: Path, every: int,
     world = 2
     saved = (die_at - 1) // every * every
     torchrun = ["--nproc-per-node", str(world)]
-    with Launches() as job:
+    with Launches(EXAMPLE) as job:
         job.start([*torchrun, "--master-port", str(free_port())],
                   script_args(data, tmp_path, "first", "--checkpoint-every", str(every), "--die-at-step", str(die_at)),
                   tmp_path / "first.out")
-        assert job.wait() != [0], job.output()
+        assert job.wait(LAUNCH_TIMEOUT) != [0], job.output()
     first = read_logs(tmp_path / "first", world)
     assert first[0][-1]["step"] == die_at - 1, "rank 0 trained past the step it was to die at"
 
-    with Launches() as job:
+    with Launches(EXAMPLE) as job:
         job.start([*torchrun, "--master-port", str(free_port())],
                   script_args(data, tmp_path, "resumed", "--checkpoint-every", str(every), "--resume"),
                   tmp_path / "resumed.out")
-        assert job.wait() == [0], job.output()
+        assert job.wait(LAUNCH_TIMEOUT) == [0], job.output()
     resumed = read_logs(tmp_path / "resumed", world)
 
     everything = {k for shard in data["keys"] for k in shard}
@@ -283,10 +190,10 @@ def test_one_node_4_ranks_2_workers_through_the_node_service(data: dict[str, Any
 
     with start_service(str(tmp_path / "svc" / "node.sock")) as service:
         monkeypatch.setenv("WDS_ASYNC_SERVICE", service.url)
-        with Launches() as job:
+        with Launches(EXAMPLE) as job:
             job.start(["--nproc-per-node", "4", "--master-port", str(free_port())],
                       script_args(data, tmp_path, "logs", "--checkpoint-every", "10"), tmp_path / "torchrun.out")
-            assert job.wait() == [0], job.output()
+            assert job.wait(LAUNCH_TIMEOUT) == [0], job.output()
         status = service.status()
     check_epochs(read_logs(tmp_path / "logs", 4), data, 4)
     assert status["sessions"] == 0  # every client's session ended with its worker
@@ -304,20 +211,20 @@ def test_preempted_job_resumes_through_a_restarted_service(data: dict[str, Any],
     sock = str(tmp_path / "svc" / "node.sock")
     monkeypatch.setenv("WDS_ASYNC_SERVICE", "unix://" + sock)
     with start_service(sock) as service:
-        with Launches() as job:
+        with Launches(EXAMPLE) as job:
             job.start(["--nproc-per-node", str(world), "--master-port", str(free_port())],
                       script_args(data, tmp_path, "first", "--checkpoint-every", str(every), "--die-at-step",
                                   str(die_at)), tmp_path / "first.out")
-            assert job.wait() != [0], job.output()
+            assert job.wait(LAUNCH_TIMEOUT) != [0], job.output()
         service.process.send_signal(signal.SIGKILL)
         service.process.wait(30)
     first = read_logs(tmp_path / "first", world)
     with start_service(sock):
-        with Launches() as job:
+        with Launches(EXAMPLE) as job:
             job.start(["--nproc-per-node", str(world), "--master-port", str(free_port())],
                       script_args(data, tmp_path, "resumed", "--checkpoint-every", str(every), "--resume"),
                       tmp_path / "resumed.out")
-            assert job.wait() == [0], job.output()
+            assert job.wait(LAUNCH_TIMEOUT) == [0], job.output()
     resumed = read_logs(tmp_path / "resumed", world)
     for epoch in (0, 1):
         runs = [keys_of(first[r], epoch, upto=saved) + keys_of(resumed[r], epoch) for r in range(world)]
