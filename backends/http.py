@@ -84,7 +84,8 @@ _SOCKET_READ = 256 << 10
 #: pauses (see ``_h1``); and one more read for the chunk a reader takes just after its budget check. Both are
 #: 640 KiB, the engine's ``STREAM_ALLOWANCE``.
 _ALLOWANCE = max(2 * READ_BUFSIZE + 2 * _SOCKET_READ, READ_BYTES + PAUSE_BYTES + READ_BYTES)
-_DEFAULT_HEADERS = {"User-Agent": "wds-async", "Accept-Encoding": "identity"}
+#: The headers of every request this backend makes (no compression: shards are read as stored, by byte offset).
+DEFAULT_HEADERS = {"User-Agent": "wds-async", "Accept-Encoding": "identity"}
 
 
 log = logging.getLogger("wds_async")
@@ -197,7 +198,7 @@ class HttpBackend:
         if self._pool is None:
             self._pool = H1Pool(limit=self.max_connections, tls=self._tls_context,
                                 connect_timeout=self._timeout.sock_connect, read_timeout=self._timeout.sock_read,
-                                headers=_DEFAULT_HEADERS)
+                                headers=DEFAULT_HEADERS)
         return self._pool
 
     def environment(self, target: str, headers: dict[str, str]) -> dict[str, Any]:
@@ -217,7 +218,7 @@ class HttpBackend:
             self._read_environment()
             self._session = aiohttp.ClientSession(
                 connector=connector, timeout=self._timeout, auto_decompress=False, trust_env=False,
-                read_bufsize=READ_BUFSIZE, headers=_DEFAULT_HEADERS,
+                read_bufsize=READ_BUFSIZE, headers=DEFAULT_HEADERS,
             )
         return self._session
 

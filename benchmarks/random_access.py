@@ -100,8 +100,9 @@ class RawH1(RawRanges):
         if self.session is None:
             import ssl
             from wds_async.backends._h1 import H1Pool
+            from wds_async.backends.http import DEFAULT_HEADERS
             self.session = H1Pool(limit=0, tls=ssl.create_default_context, connect_timeout=30, read_timeout=60,
-                                  headers={"User-Agent": "wds-async", "Accept-Encoding": "identity"})
+                                  headers=DEFAULT_HEADERS)
         return await asyncio.gather(*(self._get(*self.ranges[i]) for i in indices))
 
 
