@@ -21,8 +21,9 @@ Each run is a fresh subprocess reading the same shards through ``DataLoader(batc
 * ``cached``: ``IndexedWebDataset(..., cache_dir=...)``, two epochs in random order: the store bytes each epoch
   took (the store's ``/_stats``) and its samples/s.
 
-Reported: samples/s, CPU seconds per sample (this process and its children: the DataLoader workers, not the store),
-and the ratios to streaming, raw and wids (of the median rate, for a mode listed more than once in ``--modes``, as in
+Reported: samples/s, CPU seconds per sample (this process and its children: the DataLoader workers), the store's
+own CPU per sample in brackets (its process, over the same run: on two cores the loader and the store share them), and
+the ratios to streaming, raw and wids (of the median rate, for a mode listed more than once in ``--modes``, as in
 ``--modes stream,indexed,raw,indexed,raw``). No assertions: figures.
 """
 
@@ -37,6 +38,8 @@ import sys
 import tempfile
 import urllib.request
 from pathlib import Path
+
+import psutil
 
 from emustore import Knobs, StoreProcess
 
@@ -156,10 +159,19 @@ print(json.dumps(result[-1]), flush=True)
 """
 
 
-def _child(mode: str, urls: list[str], index: str, extra: object = None) -> dict[str, float]:
+def _store_cpu(store: StoreProcess) -> float:
+    """CPU seconds the store's process has used so far (user and system)."""
+    return float(sum(psutil.Process(store.pid).cpu_times()[:2]))
+
+
+def _child(store: StoreProcess, mode: str, urls: list[str], index: str, extra: object = None) -> dict[str, float]:
+    """One mode in a fresh process; with the store's CPU over the run (the two share the cores)."""
+    before = _store_cpu(store)
     out = subprocess.run([sys.executable, "-c", CHILD, json.dumps([mode, urls, index, extra])], capture_output=True,
                          text=True, check=True, cwd=Path(__file__).resolve().parents[1])
-    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    result["store_cpu_s"] = _store_cpu(store) - before
+    return result
 
 
 def _store_bytes(store: StoreProcess) -> int:
@@ -202,6 +214,7 @@ def _line(name: str, r: dict[str, float]) -> str:
     rate = r["samples"] / r["wall_s"]
     return (f"{name:8s} {r['samples']:6.0f} samples {r['wall_s']:7.2f} s {rate:8.0f} samples/s "
             f"{1e6 * r['cpu_s'] / r['samples']:7.0f} us CPU/sample" + (
+                f" (store {1e6 * r['store_cpu_s'] / r['samples']:4.0f})" if "store_cpu_s" in r else "") + (
                 f"  store {r['store_mb']:.1f} MB" if "store_mb" in r else ""))
 
 
@@ -237,7 +250,7 @@ def main() -> None:
                   "num_workers=2)")
             results: dict[str, list[dict[str, float]]] = {}
             for mode in args.modes.split(","):  # a mode listed twice runs twice: its ratios use the median rate
-                results.setdefault(mode, []).append(_child(mode, urls, remote_index))
+                results.setdefault(mode, []).append(_child(store, mode, urls, remote_index))
                 print(_line(mode, results[mode][-1]), flush=True)
             if args.cached:
                 first, second = _cached(store, urls, remote_index, str(Path(tmp) / "cache"))
@@ -246,7 +259,7 @@ def main() -> None:
             if args.wids:
                 extra = {"dir": str(Path(tmp) / "wids"), "nsamples": [e.nsamples for e in index.shards],
                          "lru": args.wids_lru}
-                results["wids"] = [_child("wids", urls, remote_index, extra)]
+                results["wids"] = [_child(store, "wids", urls, remote_index, extra)]
                 print(_line("wids", results["wids"][0]), flush=True)
 
             def rate(mode: str) -> float:
