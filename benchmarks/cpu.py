@@ -2,6 +2,7 @@
 
     python benchmarks/cpu.py [--cases http,small,large] [--repeat 3] [--tree DIR ...]
     python -m benchmarks.cpu --cases http --client builtin --client aiohttp     # the two http clients, in turn
+    python -m benchmarks.cpu --cases http --passes 8      # each phase reads the list 8 times: the long-run cost
 
 Three cases, each measured side by side in one run, every phase in a fresh subprocess so that its
 wall time, CPU time (user+system of the whole process, all threads) and byte count are its own:
@@ -12,6 +13,12 @@ wall time, CPU time (user+system of the whole process, all threads) and byte cou
 * ``small``: local files in the page cache, 1 KB samples: ``wds_async.WebDataset(paths)`` beside
   ``webdataset.WebDataset(paths)``, both iterated in one process;
 * ``large``: the same with 1 MB samples.
+
+Besides MB/s and CPU s/GB, each row splits the CPU into user and system seconds per GB and counts the minor page
+faults per GB (``getrusage`` of the phase's process around the phase): the kernel's share is the socket copies and
+the first touch of memory the buffers grow into, which a short pass pays in full (the byte budget fills once per
+process). ``--passes N`` reads the list N times in each phase (``urls * N``), so the one-off costs of a pass (the
+ramp, the buffer's first fill) weigh 1/N as much.
 
 Phases are interleaved across ``--repeat`` rounds (and across ``--tree`` library trees, for an A/B of
 two checkouts of wds_async: each tree is put first on ``PYTHONPATH`` of its phases) and the best round
@@ -100,6 +107,9 @@ def phase_main(phase: str, urls: list[str], connections: int, client: str | None
 
     if phase == "webdataset":
         import webdataset  # type: ignore[import-untyped]  # noqa: F401
+    import resource
+
+    usage0 = resource.getrusage(resource.RUSAGE_SELF)
     started, cpu0 = time.perf_counter(), time.process_time()
     options = {"client": client} if client else {}
     if phase == "raw":
@@ -109,6 +119,9 @@ def phase_main(phase: str, urls: list[str], connections: int, client: str | None
     else:
         result = _phase_webdataset(urls)
     result.update(wall_s=time.perf_counter() - started, cpu_s=time.process_time() - cpu0)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    result.update(user_s=usage.ru_utime - usage0.ru_utime, sys_s=usage.ru_stime - usage0.ru_stime,
+                  minflt=usage.ru_minflt - usage0.ru_minflt)
     return result
 
 
@@ -134,7 +147,9 @@ def _run(variant: Variant, phase: str, urls: list[str], connections: int) -> dic
         raise RuntimeError(f"phase {phase} ({tree}) failed:\n{proc.stderr[-3000:]}")
     row: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     row["mb_s"] = row["bytes"] / row["wall_s"] / 1e6
-    row["cpu_s_gb"] = row["cpu_s"] / (row["bytes"] / 1e9)
+    gb = row["bytes"] / 1e9
+    row["cpu_s_gb"] = row["cpu_s"] / gb
+    row["user_s_gb"], row["sys_s_gb"], row["kflt_gb"] = row["user_s"] / gb, row["sys_s"] / gb, row["minflt"] / gb / 1e3
     row["samples_s"] = row["samples"] / row["wall_s"] if row["samples"] else None
     return row
 
@@ -149,6 +164,7 @@ def _shards(base: Path, case: str) -> list[str]:
 
 def _measure(case: str, urls: list[str], variants: list[Variant], repeat: int, connections: int
              ) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """Every phase of every variant, ``repeat`` rounds, interleaved (``urls``: the list already repeated)."""
     phases = CASES[case][3]
     rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for _ in range(repeat):
@@ -160,21 +176,26 @@ def _measure(case: str, urls: list[str], variants: list[Variant], repeat: int, c
     return rows
 
 
-def _report(case: str, rows: dict[tuple[str, str], list[dict[str, Any]]], variants: list[Variant]) -> None:
+def _report(case: str, rows: dict[tuple[str, str], list[dict[str, Any]]], variants: list[Variant],
+            passes: int = 1) -> None:
     phases = CASES[case][3]
     n, shard_bytes, sample_bytes, _ = CASES[case]
-    print(f"\n[{case}] {n} shards x {shard_bytes >> 20} MiB, {sample_bytes >> 10} KiB samples "
-          f"(best of {len(next(iter(rows.values())))})")
-    print(f"{'tree':<22}{'phase':<12}{'MB/s':>9}{'samples/s':>11}{'CPU s/GB':>10}{'samples':>9}")
+    times = f", the list read {passes} times" if passes > 1 else ""
+    print(f"\n[{case}] {n} shards x {shard_bytes >> 20} MiB, {sample_bytes >> 10} KiB samples{times} "
+          f"(best of {len(next(iter(rows.values())))}; user, sys and faults from the round of the best CPU)")
+    print(f"{'tree':<22}{'phase':<12}{'MB/s':>9}{'samples/s':>11}{'CPU s/GB':>10}{'user':>6}{'sys':>6}"
+          f"{'kflt/GB':>8}{'samples':>9}")
     for variant in variants:
         best: dict[str, dict[str, Any]] = {}
         for phase in phases:
             runs = rows[(_label(variant), phase)]
-            b = {"mb_s": max(r["mb_s"] for r in runs), "cpu_s_gb": min(r["cpu_s_gb"] for r in runs),
+            cheapest = min(runs, key=lambda r: r["cpu_s_gb"])
+            b = {"mb_s": max(r["mb_s"] for r in runs), "cpu_s_gb": cheapest["cpu_s_gb"],
                  "samples_s": max((r["samples_s"] or 0) for r in runs), "samples": runs[0]["samples"]}
             best[phase] = b
             sps = f"{b['samples_s']:.0f}" if b["samples_s"] else "-"
             print(f"{_label(variant):<22}{phase:<12}{b['mb_s']:>9.1f}{sps:>11}{b['cpu_s_gb']:>10.2f}"
+                  f"{cheapest['user_s_gb']:>6.2f}{cheapest['sys_s_gb']:>6.2f}{cheapest['kflt_gb']:>8.1f}"
                   f"{b['samples'] if b['samples'] is not None else '-':>9}")
         other = next(phase for phase in phases if phase != "wds-async")
         ours, theirs = best["wds-async"], best[other]
@@ -189,6 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--tree", action="append", type=Path, help="wds_async checkout(s) to compare (default: this one)")
     p.add_argument("--dir", type=Path, default=ROOT / ".bench" / "cpu", help="where shards are generated")
     p.add_argument("-c", "--connections", type=int, default=16, help="connections of the http case")
+    p.add_argument("--passes", type=int, default=1, help="each phase reads the list this many times (default 1)")
     p.add_argument("--client", action="append", choices=("builtin", "aiohttp"),
                    help="the http case's http client (repeatable; default: the backend's own default)")
     p.add_argument("--phase", choices=("raw", "wds-async", "webdataset"), help=argparse.SUPPRESS)
@@ -201,17 +223,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     clients: list[str | None] = list(args.client or [None])
     for case in args.cases.split(","):
         paths = _shards(args.dir, case)
+        if args.passes < 1:
+            p.error("--passes: at least 1")
         if case == "http":
             from emustore import Knobs, StoreProcess
 
             with StoreProcess(args.dir / case, Knobs()) as store:
                 urls = [store.url(Path(path).name) for path in paths]
                 variants = [(tree, client) for tree in trees for client in clients]
-                rows = _measure(case, urls, variants, args.repeat, args.connections)
+                rows = _measure(case, urls * args.passes, variants, args.repeat, args.connections)
         else:
             variants = [(tree, None) for tree in trees]
-            rows = _measure(case, paths, variants, args.repeat, args.connections)
-        _report(case, rows, variants)
+            rows = _measure(case, paths * args.passes, variants, args.repeat, args.connections)
+        _report(case, rows, variants, args.passes)
     return 0
 
 
