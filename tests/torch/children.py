@@ -91,7 +91,8 @@ class WarmLauncher:
     def __init__(self, hash_seed: int) -> None:
         env = {**os.environ, **CHILD_ENV, "PYTHONHASHSEED": str(hash_seed)}
         self.proc = subprocess.Popen([sys.executable, self.SCRIPT], env=env, cwd=REPO, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, bufsize=1)
+                                     stdout=subprocess.PIPE, bufsize=0)
+        self._pending = b""  # what was read of the answers and not yet taken (the status can come with the pid)
         self.refused: str | None = None
         answer = self._answer(120)
         if answer is None or "ready" not in answer:
@@ -100,22 +101,36 @@ class WarmLauncher:
         self._status: int | None = None
 
     def _answer(self, timeout: float) -> dict[str, Any] | None:
+        """The launcher's next answer line, waiting up to ``timeout`` for it (None: none yet, or it has gone)."""
         assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not ready:
-            return None
-        line = self.proc.stdout.readline()
-        return json.loads(line) if line else None
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._pending:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                return None
+            more = os.read(fd, 4096)
+            if not more:
+                return None
+            self._pending += more
+        line, self._pending = self._pending.split(b"\n", 1)
+        return json.loads(line)  # type: ignore[no-any-return]
 
     def start(self, script: str, argv: list[str], env: dict[str, str], stderr: str) -> int:
         """Fork a child running ``script`` (as ``__main__``) with ``argv`` and ``env``; its pid."""
         assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"script": script, "argv": argv, "env": env, "stderr": stderr}) + "\n")
-        self.proc.stdin.flush()
+        self.send({"script": script, "argv": argv, "env": env, "stderr": stderr})
         answer = self._answer(30)
         assert answer is not None and "pid" in answer, f"the warm launcher did not start a child: {answer}"
         self._status = None
         return int(answer["pid"])
+
+    def send(self, request: dict[str, Any]) -> None:
+        """Write one request line (whole: a pipe may take a large environment in several writes)."""
+        assert self.proc.stdin is not None
+        data = memoryview((json.dumps(request) + "\n").encode())
+        while data:
+            data = data[os.write(self.proc.stdin.fileno(), data):]
 
     def ended(self) -> int | None:
         """The exit code of the last child (``-9``: killed), or None while it runs."""

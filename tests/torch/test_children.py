@@ -114,3 +114,17 @@ def test_the_launchers_end_with_their_module() -> None:
     children.close_warm_launcher()
     assert all(launcher.proc.poll() is not None for launcher in launchers if launcher is not None)
     assert not os.environ.get("WDS_TEST_COLD_CHILDREN")
+
+
+def test_an_answer_read_with_the_one_before_is_not_lost(tmp_path: Path) -> None:
+    """A child that ends at once: its exit code can reach the test in the same read as its pid."""
+    launcher = children._warm()
+    if launcher is None:
+        pytest.skip(f"the warm launcher refused to start here ({children.refusal()})")
+    script = tmp_path / "quick.py"
+    script.write_text("pass\n")
+    launcher.send({"script": str(script), "argv": [], "env": dict(os.environ), "stderr": str(tmp_path / "err")})
+    time.sleep(1.0)  # both answers are written by now
+    first = launcher._answer(5)
+    assert first is not None and "pid" in first
+    assert launcher._answer(5) == {"status": 0}
