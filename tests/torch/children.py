@@ -11,9 +11,9 @@ took the resume tests from 114 s to 46 s; ``WDS_TEST_COLD_CHILDREN=1`` starts ev
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import random
 import select
 import signal
 import subprocess
@@ -67,7 +67,8 @@ def run_child(child: str, cfg: dict[str, Any], env: dict[str, str] | None = None
         return 0
     finally:
         if status is None:
-            os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # it ended just now
+                os.killpg(pid, signal.SIGKILL)
             _wait(ended, 10)
 
 
@@ -168,7 +169,7 @@ def _warm() -> WarmLauncher | None:
     if os.environ.get("WDS_TEST_COLD_CHILDREN"):
         return None
     if not _launchers:
-        first = random.randrange(1, 2**32)
+        first = int.from_bytes(os.urandom(4), "big") % (2**32 - 1) + 1  # not the global random: tests seed it
         seeds = (first, first % (2**32 - 1) + 1)  # two different seeds in 1 .. 2**32 - 1
         started = [WarmLauncher(seed) for seed in seeds]
         refused = [launcher.refused for launcher in started if launcher.refused]
