@@ -119,7 +119,6 @@ class WarmLauncher:
 
     def start(self, script: str, argv: list[str], env: dict[str, str], stderr: str) -> int:
         """Fork a child running ``script`` (as ``__main__``) with ``argv`` and ``env``; its pid."""
-        assert self.proc.stdin is not None
         self.send({"script": script, "argv": argv, "env": env, "stderr": stderr})
         answer = self._answer(30)
         assert answer is not None and "pid" in answer, f"the warm launcher did not start a child: {answer}"

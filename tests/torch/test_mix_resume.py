@@ -29,7 +29,6 @@ from tests.torch.children import Launches, checkpointed, lines, run_child, steps
 from wds_async.data.plan import shard_order, split_equal
 
 CHILD = str(Path(__file__).with_name("mix_child.py"))
-REPO = str(Path(__file__).resolve().parents[2])
 #: Kill points are random but reproducible.
 RNG = random.Random(20261125)
 PROBS = [0.6, 0.3, 0.1]

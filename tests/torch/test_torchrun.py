@@ -23,7 +23,7 @@ import signal
 import tarfile
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
@@ -32,9 +32,6 @@ from emustore import Knobs, StoreProcess
 from tests.conftest import free_port
 from tests.torch.children import Launches
 from wds_async.data.plan import shard_order
-
-if TYPE_CHECKING:
-    pass
 
 pytestmark = pytest.mark.slow
 
