@@ -9,12 +9,13 @@ tell a test that the fault was actually hit.
 from __future__ import annotations
 
 import http.client
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 if TYPE_CHECKING:
@@ -45,6 +46,17 @@ class Fault:
     failed: int = 0   # of those, answered with the fault
 
 
+class _ProxyServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Quiet about a client that reset its idle keep-alive connection (boto3 does, between tests): printed,
+        that traceback read as a failure in the middle of a passing run."""
+        if isinstance(sys.exc_info()[1], ConnectionResetError | BrokenPipeError):
+            return
+        super().handle_error(request, client_address)
+
+
 class FaultProxy:
     """``with FaultProxy(upstream) as proxy:``; ``proxy.url`` is where clients go; ``proxy.faults`` the rules."""
 
@@ -54,7 +66,7 @@ class FaultProxy:
         self.faults: list[Fault] = []
         self._seen: dict[tuple[str, str], int] = {}  # (method, path) -> requests seen
         self._lock = threading.Lock()
-        self._server: ThreadingHTTPServer | None = None
+        self._server: _ProxyServer | None = None
 
     @property
     def url(self) -> str:
@@ -81,8 +93,7 @@ class FaultProxy:
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = do_PATCH = relay
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
+        self._server = _ProxyServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self
 

@@ -15,9 +15,11 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,8 +41,8 @@ def run_child(child: str, cfg: dict[str, Any], env: dict[str, str] | None = None
 
     The child is forked from one of the module's :class:`WarmLauncher` s where they run (its imports already
     made: 1.5-2 s of CPU less per child), else started from nothing; either way in a session of its own, with the
-    same environment."""
-    full_env = {**os.environ, **CHILD_ENV, **(env or {})}
+    same environment, whose ``TMPDIR`` is :func:`child_tmpdir`."""
+    full_env = {**os.environ, **CHILD_ENV, "TMPDIR": child_tmpdir(), **(env or {})}
     errors = cfg["log"] + ".stderr"
     launcher = _warm()
     if launcher is not None:
@@ -190,12 +192,32 @@ def refusal() -> str:
     return _refused[0] if _refused else ""
 
 
+#: The module's folder for its children's temporary files: [] before the first child.
+_tmpdir: list[str] = []
+
+
+def child_tmpdir() -> str:
+    """The ``TMPDIR`` of this module's children and torchrun launches, removed after the module.
+
+    A SIGKILLed job leaves what it had there: its DataLoader workers' ``pymp-*`` folders and torchrun's
+    ``torchelastic_*`` folder, about 30 per run of the suite, which used to pile up in the system's temporary
+    folder. It is a short path of its own rather than the test's ``tmp_path``: a worker passing a tensor to its
+    parent binds a Unix socket in ``TMPDIR/pymp-*/``, and such a path may not be longer than 107 bytes."""
+    if not _tmpdir:
+        _tmpdir.append(tempfile.mkdtemp(prefix="wds-children-"))
+    return _tmpdir[0]
+
+
 def close_warm_launcher() -> None:
-    """Stop the launchers the module's children were forked from (the torch tests' conftest, after each module)."""
+    """Stop the launchers the module's children were forked from and remove their temporary folder (the torch
+    tests' conftest, after each module)."""
     for launcher in _launchers:
         if launcher is not None:
             launcher.close()
     _launchers.clear()
+    for folder in _tmpdir:
+        shutil.rmtree(folder, ignore_errors=True)
+    _tmpdir.clear()
 
 
 class Launches:
@@ -220,7 +242,9 @@ class Launches:
     def start(self, torchrun_args: list[str], script_args: list[str], output: Path) -> subprocess.Popen[bytes]:
         """One torchrun launch (gloo's sockets and the rendezvous on 127.0.0.1), its output into ``output``."""
         # PYTHONFAULTHANDLER: a rank or worker sent SIGABRT by wait() on a hang prints every thread's stack first.
+        # TMPDIR: torchrun's torchelastic_* folder and the ranks' temporary files (child_tmpdir).
         env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "PYTHONFAULTHANDLER": "1",
+               "TMPDIR": child_tmpdir(),
                "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
         cmd = [sys.executable, "-m", "torch.distributed.run", "--master-addr", "127.0.0.1",
                "--local-addr", "127.0.0.1", *torchrun_args, self.script, *script_args]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ from tests.torch import children
 from tests.torch.children import run_child
 
 SCRIPT = textwrap.dedent('''
-    import json, os, sys, time
+    import json, os, sys, tempfile, time
     import wds_async
     cfg = json.loads(sys.argv[1])
     wds_async._test_mark = getattr(wds_async, "_test_mark", 0) + 1  # a fresh process sees 1
@@ -33,7 +34,7 @@ SCRIPT = textwrap.dedent('''
         for step in range(1, cfg.get("steps", 1) + 1):
             log.write(json.dumps({"step": step, "rank": os.environ.get("RANK"), "argv": sys.argv[1:],
                                   "mark": wds_async._test_mark, "name": __name__, "pids": pids,
-                                  "hash": hash("wds-async")}) + "\\n")
+                                  "hash": hash("wds-async"), "tmp": tempfile.gettempdir()}) + "\\n")
             log.flush()
             time.sleep(cfg.get("step_time", 0))
 ''')
@@ -66,6 +67,8 @@ def test_a_child_runs_as_main_with_its_arguments_and_environment(script: str, tm
         (line,) = _lines(Path(cfg["log"]))
         assert line["rank"] == str(n) and line["argv"] == [json.dumps(cfg)]
         assert line["name"] == "__main__" and line["mark"] == 1
+        # its temporary files (a killed child's pymp-* folders) go to the module's folder, removed after it
+        assert line["tmp"] == children.child_tmpdir() != tempfile.gettempdir()
 
 
 def test_a_failing_child_fails_the_test_with_its_traceback(script: str, tmp_path: Path, mode: str) -> None:
@@ -111,8 +114,11 @@ def test_the_launchers_end_with_their_module() -> None:
         pytest.skip(f"the warm launcher refused to start here ({children.refusal()})")
     launchers = list(children._launchers)
     assert len(launchers) == 2
+    folder = children.child_tmpdir()
+    os.mkdir(os.path.join(folder, "pymp-left-by-a-killed-worker"))
     children.close_warm_launcher()
     assert all(launcher.proc.poll() is not None for launcher in launchers if launcher is not None)
+    assert not os.path.exists(folder)  # the children's temporary folder goes with them
     assert not os.environ.get("WDS_TEST_COLD_CHILDREN")
 
 

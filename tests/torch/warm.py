@@ -20,6 +20,7 @@ import json
 import os
 import runpy
 import sys
+import tempfile
 
 
 def _threads() -> int:
@@ -37,6 +38,7 @@ def _child(request: dict[str, object]) -> None:
     os.close(err)
     os.environ.clear()
     os.environ.update({str(k): str(v) for k, v in dict(request["env"]).items()})  # type: ignore[call-overload]
+    tempfile.tempdir = None  # looked up again from this environment's TMPDIR, as a fresh interpreter does
     script = str(request["script"])
     sys.argv = [script, *(str(a) for a in request["argv"])]  # type: ignore[attr-defined]
     sys.path[0] = os.path.dirname(os.path.abspath(script))  # what `python script` puts first
