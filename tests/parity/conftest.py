@@ -1,4 +1,5 @@
-"""Shards that exercise webdataset's naming rules, shared by the differential tests."""
+"""Shards that exercise webdataset's naming rules, shared by the differential tests; the plain ``shards`` of the
+drop-in name tests (``test_names.py``, ``test_names_fields_and_caches.py``)."""
 
 from __future__ import annotations
 
@@ -83,3 +84,18 @@ def ours(urls: list[str], build: Any = None, **kw: Any) -> list[Any]:
 def strip_local(samples: Iterator[Any]) -> list[Any]:
     """webdataset adds ``__local_path__`` for local files; compare without it."""
     return [{k: v for k, v in s.items() if k != "__local_path__"} if isinstance(s, dict) else s for s in samples]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """Three plain shards; keys sort in tar order, and every sample has the same four fields."""
+    root = tmp_path_factory.mktemp("names")
+    paths = []
+    for j in range(3):
+        members: list[tuple[str, bytes]] = []
+        for i in range(12):
+            key = f"s{j}_{i:03d}"
+            members += [(f"{key}.txt", f"text {j} {i}".encode()), (f"{key}.cls", str(i % 5).encode()),
+                        (f"{key}.png", bytes([j, i]) * 3), (f"{key}.json", b'{"i": %d}' % i)]
+        paths.append(str(write_tar(root / f"n-{j:03d}.tar", members)))
+    return paths

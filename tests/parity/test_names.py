@@ -1,68 +1,34 @@
-"""The webdataset 1.0.2 names wds_async added for drop-in use, run side by side with webdataset on the same input.
+"""The webdataset 1.0.2 names wds_async added for drop-in use, run side by side with webdataset on the same input:
+the sources, shuffles, samplers and mixes (tarfile_samples, shardspec, DataPipeline.stage, detshuffle,
+ResampledShards, resampled, non_empty, MockDataset, rsample, RoundRobin, RandomMix, SimpleShardList(seed=...),
+FluidWrapper).
 
 Where the behaviour is deterministic (including draws from a seeded global ``random``) the outputs must be
 equal; where it is not, both must agree on what can be asserted (counts, membership). Documented differences
-are asserted as such.
+are asserted as such. The field stages and caches are in ``test_names_fields_and_caches.py``; the helpers both
+share live in ``names_common.py``, their ``shards`` fixture in ``conftest.py``.
 """
 
 from __future__ import annotations
 
-import io
-import pickle
 import random
-import sys
-import warnings
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 import webdataset
-from torch.utils.data import IterableDataset
 
 import wds_async
-from tests.parity.conftest import ours, reference, strip_local, write_tar
-
-#: Both libraries under one name each, for tests parametrized over them.
-LIBS = pytest.mark.parametrize("lib", [webdataset, wds_async], ids=["webdataset", "wds_async"])
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    """Three plain shards; keys sort in tar order, and every sample has the same four fields."""
-    root = tmp_path_factory.mktemp("names")
-    paths = []
-    for j in range(3):
-        members: list[tuple[str, bytes]] = []
-        for i in range(12):
-            key = f"s{j}_{i:03d}"
-            members += [(f"{key}.txt", f"text {j} {i}".encode()), (f"{key}.cls", str(i % 5).encode()),
-                        (f"{key}.png", bytes([j, i]) * 3), (f"{key}.json", b'{"i": %d}' % i)]
-        paths.append(str(write_tar(root / f"n-{j:03d}.tar", members)))
-    return paths
-
-
-def _quiet(f: Callable[[], Any]) -> Any:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # webdataset's own deprecation and "no shuffle" warnings
-        return f()
-
-
-def _outcome(f: Callable[[], Any]) -> Any:
-    """The result of ``f()``, or the type of the exception it raised."""
-    try:
-        return _quiet(f)
-    except Exception as exn:  # the exception type is the outcome being compared
-        return type(exn)
-
+from tests.parity.conftest import ours, reference, strip_local
+from tests.parity.names_common import LIBS, outcome, quietly
 
 # -- tarfile_samples, shardspec, DataPipeline.stage -------------------------------------------------------
 
 
 def test_tarfile_samples_is_the_uncurried_stage(shards: list[str]) -> None:
     def run(lib: Any, spec: str) -> list[Any]:
-        return strip_local(_quiet(lambda: list(lib.DataPipeline(lib.shardspec(spec), lib.tarfile_samples))))
+        return strip_local(quietly(lambda: list(lib.DataPipeline(lib.shardspec(spec), lib.tarfile_samples))))
 
     one = run(wds_async, shards[0])
     assert one == run(webdataset, shards[0]) and len(one) == 12
@@ -179,7 +145,7 @@ def test_resampled_shards_nondeterministic_and_empty() -> None:
 @LIBS
 def test_resampled_stage_draws_n_from_its_input(lib: Any) -> None:
     pipeline = lib.DataPipeline(lib.SimpleShardList([f"{i}" for i in range(10)]), lib.resampled(27))
-    result = _quiet(lambda: [s["url"] for s in pipeline])
+    result = quietly(lambda: [s["url"] for s in pipeline])
     assert len(result) == 27 and set(result) <= {str(i) for i in range(10)}
 
 
@@ -190,7 +156,7 @@ def test_resampled_of_nothing_raises() -> None:
 
 def test_non_empty_matches() -> None:
     def run(lib: Any, source: list[int]) -> Any:
-        return _outcome(lambda: list(lib.DataPipeline(lambda: iter(source), lambda s: (x * 2 for x in s),
+        return outcome(lambda: list(lib.DataPipeline(lambda: iter(source), lambda s: (x * 2 for x in s),
                                                       lib.non_empty)))
 
     assert run(wds_async, [1, 2, 3]) == run(webdataset, [1, 2, 3]) == [2, 4, 6]
@@ -226,92 +192,12 @@ def test_rsample_fluid_method_on_webdataset(shards: list[str]) -> None:
     with pytest.raises(ValueError, match="within"):
         list(wds_async.DataPipeline(lambda: iter([1])).rsample(1.5))
     # Seeded after construction: webdataset's constructor draws from the global generator itself.
-    theirs = _quiet(lambda: webdataset.WebDataset(shards, shardshuffle=False, nodesplitter=None, seed=0).rsample(0.5))
+    theirs = quietly(lambda: webdataset.WebDataset(shards, shardshuffle=False, nodesplitter=None, seed=0).rsample(0.5))
     mine = wds_async.WebDataset(shards, deterministic=True).rsample(0.5)
     random.seed(3)
-    expected = _quiet(lambda: [s["__key__"] for s in theirs])
+    expected = quietly(lambda: [s["__key__"] for s in theirs])
     random.seed(3)
     assert [s["__key__"] for s in mine] == expected
-
-
-# -- extract_keys, rename_keys, xdecode -------------------------------------------------------------------
-
-ROWS = [{"__key__": "a", "png": 1, "cls": 2, "x/y.seg.png": 3}, {"__key__": "b", "jpg": 4, "cls": 5, "txt": 6}]
-
-
-@pytest.mark.parametrize("args,kw", [
-    (("png;jpg", "cls"), {}),
-    (("*.png;*.jpg", "*.cls"), {}),
-    ((".png;.jpg",), {}),
-    (("png", "txt"), {"ignore_missing": True}),
-    (("png", "txt"), {}),
-    (("*png",), {}),
-    (("*png",), {"duplicate_is_error": False, "ignore_missing": True}),
-    ((["cls", "nothing"],), {}),
-])
-def test_extract_keys_matches(args: tuple[Any, ...], kw: dict[str, Any]) -> None:
-    def run(lib: Any) -> Any:
-        return _outcome(lambda: list(lib.DataPipeline(lambda: iter([dict(r) for r in ROWS]), lib.extract_keys(*args, **kw))))
-
-    assert run(wds_async) == run(webdataset)
-
-
-@pytest.mark.parametrize("args,kw", [
-    ((), {"image": "png"}),
-    ((), {"image": "png", "keep_unselected": True, "must_match": False}),
-    ((), {"image": "*png", "must_match": False}),
-    ((), {"image": "*png", "must_match": False, "duplicate_is_error": False}),
-    ((("image", "*.png"), ("image", "jpg")), {"label": "cls", "must_match": False, "keep_unselected": True}),
-    ((), {"label": "CLS", "must_match": False}),
-    ((), {"label": "cls", "key": "__key__"}),
-])
-def test_rename_keys_matches(args: tuple[Any, ...], kw: dict[str, Any]) -> None:
-    def run(lib: Any) -> Any:
-        return _outcome(lambda: list(lib.DataPipeline(lambda: iter([dict(r) for r in ROWS]), lib.rename_keys(*args, **kw))))
-
-    assert run(wds_async) == run(webdataset)
-
-
-def _upper(stream: io.BytesIO) -> str:
-    return stream.read().decode().upper()
-
-
-@pytest.mark.parametrize("args,kw", [
-    ((), {}),
-    ((), {"must_decode": False}),
-    ((("*.custom", _upper),), {"must_decode": False}),
-    ((), {"cls": lambda s: int(s.read()), "custom": _upper}),
-    ((("*.txt", _upper),), {"must_decode": False}),
-    ((("*.custom", False),), {"cls": lambda s: int(s.read())}),
-])
-def test_xdecode_matches(args: tuple[Any, ...], kw: dict[str, Any]) -> None:
-    rows = [{"__key__": "k", "a.txt": b"hello", "b.bin": b"\x00\x01", "x.CUSTOM": b"shout", "cls": b"7"}]
-
-    def run(lib: Any) -> Any:
-        return _outcome(lambda: list(lib.DataPipeline(lambda: iter([dict(r) for r in rows]), lib.xdecode(*args, **kw))))
-
-    assert run(wds_async) == run(webdataset)
-
-
-def test_xdecode_refuses_pickle_unless_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("WDS_ASYNC_ALLOW_PICKLE", raising=False)
-    rows = [{"__key__": "k", "obj.pyd": pickle.dumps({"a": [1, 2]}), "t.txt": b"x"}]
-    with pytest.raises(wds_async.DecodingError, match="allow_pickle"):
-        list(wds_async.DataPipeline(lambda: iter(rows), wds_async.xdecode()))
-    expected = list(webdataset.DataPipeline(lambda: iter(rows), webdataset.xdecode()))
-    assert expected[0]["obj.pyd"] == {"a": [1, 2]}
-    assert list(wds_async.DataPipeline(lambda: iter(rows), wds_async.xdecode(allow_pickle=True))) == expected
-    monkeypatch.setenv("WDS_ASYNC_ALLOW_PICKLE", "1")
-    assert list(wds_async.DataPipeline(lambda: iter(rows), wds_async.xdecode())) == expected
-
-
-def test_field_stages_as_fluid_methods_on_webdataset(shards: list[str]) -> None:
-    def build(ds: Any) -> Any:
-        return (ds.rename_keys(image="png", label="cls", keep_unselected=True)
-                .xdecode(label=lambda s: int(s.read()), must_decode=False).extract_keys("image", "label"))
-
-    got, expected = ours(shards, build), reference(shards, build)
-    assert got == expected and len(got) == 36 and got[0] == (bytes([0, 0]) * 3, 0)
 
 
 # -- RoundRobin, RandomMix --------------------------------------------------------------------------------
@@ -336,7 +222,7 @@ def test_random_mix_draws_like_webdataset(probs: list[float] | None, longest: bo
     def run(lib: Any) -> list[Any]:
         random.seed(5)
         sources = [range(20), range(100, 110), range(200, 230)][: len(probs) if probs else 3]
-        return _quiet(lambda: list(lib.RandomMix(sources, probs, longest=longest)))  # webdataset: 0/0 warns
+        return quietly(lambda: list(lib.RandomMix(sources, probs, longest=longest)))  # webdataset: 0/0 warns
 
     got = run(wds_async)
     assert got == run(webdataset)
@@ -352,84 +238,6 @@ def test_mixes_of_pipelines_are_fluid(shards: list[str]) -> None:
     assert len(list(wds_async.RandomMix([pipeline(), pipeline()], longest=True).shuffle(10))) == 24
     with pytest.raises(ValueError, match="probabilities"):
         list(wds_async.RandomMix([[1], [2]], [1]))
-
-
-# -- Cached, LMDBCached -----------------------------------------------------------------------------------
-
-
-class CountingSource(IterableDataset):  # type: ignore[type-arg]
-    """A source that counts its passes: a cached replay must not start one."""
-
-    def __init__(self, rows: list[dict[str, Any]]) -> None:
-        super().__init__()
-        self.rows, self.passes = rows, 0
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        self.passes += 1  # counted at the first item pulled (a generator), not at iter()
-        yield from [dict(r) for r in self.rows]
-
-
-ITEMS = [{"__key__": f"k{i:02d}", "v": i, "arr": np.arange(i)} for i in range(23)]
-
-
-def _same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
-    return len(a) == len(b) and all(x.keys() == y.keys() and x["__key__"] == y["__key__"] and x["v"] == y["v"]
-                                    and np.array_equal(x["arr"], y["arr"]) for x, y in zip(a, b))
-
-
-@LIBS
-def test_cached_replays_the_first_complete_pass(lib: Any) -> None:
-    source = CountingSource(ITEMS)
-    pipeline = lib.DataPipeline(source, lib.Cached())
-    first = list(pipeline)
-    assert _same(first, ITEMS) and _same(list(pipeline), first) and source.passes == 1
-    interrupted = lib.DataPipeline(CountingSource(ITEMS), lib.Cached())
-    for _ in zip(range(3), interrupted):
-        pass
-    assert _same(list(interrupted), ITEMS) and interrupted.stage(0).passes == 2  # a partial pass is not kept
-
-
-def test_mcached_fluid_method(shards: list[str]) -> None:
-    ds = wds_async.WebDataset(shards, deterministic=True).mcached()
-    first = [s["__key__"] for s in ds]
-    assert [s["__key__"] for s in ds] == first and len(first) == 36
-
-
-def test_lmdb_cached_replays_across_objects_and_matches(tmp_path: Path) -> None:
-    path = str(tmp_path / "ours.lmdb")
-    source = CountingSource(ITEMS)
-    first = list(wds_async.DataPipeline(source, wds_async.LMDBCached(path, chunksize=5)))
-    again = wds_async.DataPipeline(source, wds_async.LMDBCached(path))
-    assert _same(first, ITEMS) and _same(list(again), ITEMS) and source.passes == 1
-    # Keys unique and in sorted order: webdataset's replay is the same; and it reads the file we wrote.
-    theirs = list(webdataset.DataPipeline(CountingSource(ITEMS), webdataset.LMDBCached(str(tmp_path / "w.lmdb"))))
-    assert _same(theirs, ITEMS)
-    del again
-    assert _same(list(webdataset.DataPipeline(CountingSource([]), webdataset.LMDBCached(path))), ITEMS)
-
-
-def test_lmdb_cached_keeps_repeated_keys_in_order(tmp_path: Path) -> None:
-    # The documented difference: webdataset stores by __key__, losing repeats and replaying in key order.
-    rows = [{"__key__": k, "v": i} for i, k in enumerate(["b", "a", "b", "c"])]
-    ours_ = wds_async.DataPipeline(CountingSource(rows), wds_async.LMDBCached(str(tmp_path / "o.lmdb")))
-    assert list(ours_) == rows and list(ours_) == rows
-    theirs = webdataset.DataPipeline(CountingSource(rows), webdataset.LMDBCached(str(tmp_path / "w.lmdb")))
-    assert list(theirs) == rows and [r["v"] for r in theirs] == [1, 2, 3]
-
-
-def test_lmdb_cached_pickles_and_reopens(tmp_path: Path) -> None:
-    stage = wds_async.LMDBCached(str(tmp_path / "p.lmdb"))
-    assert [r["v"] for r in stage(iter(ITEMS[:4]))] == [0, 1, 2, 3]
-    copy = pickle.loads(pickle.dumps(stage))  # a spawned worker's copy; shares this process's environment
-    assert copy.is_complete() and [r["v"] for r in copy.run(iter([]))] == [0, 1, 2, 3]
-    ds = wds_async.MockDataset({"__key__": "m", "v": 1}, 3).lmdb_cached(str(tmp_path / "f.lmdb"))
-    assert list(ds) == list(ds) == [{"__key__": "m", "v": 1}] * 3
-
-
-def test_lmdb_cached_without_lmdb_names_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setitem(sys.modules, "lmdb", None)  # what an interpreter without the package sees
-    with pytest.raises(wds_async.MissingDependency, match=r"wds-async\[lmdb\]"):
-        wds_async.LMDBCached(str(tmp_path / "x.lmdb"))
 
 
 # -- SimpleShardList(seed=...), FluidWrapper ---------------------------------------------------------------
@@ -458,7 +266,7 @@ def test_fluid_wrapper_gives_the_fluid_methods(shards: list[str]) -> None:
     def run(lib: Any) -> list[str]:
         source = lib.DataPipeline(lib.SimpleShardList(shards), lib.tarfile_samples)
         mixed = lib.FluidWrapper(lib.RoundRobin([source, source])).map(lambda s: s["__key__"]).batched(5, collation_fn=list)
-        return _quiet(lambda: [key for batch in mixed for key in batch])
+        return quietly(lambda: [key for batch in mixed for key in batch])
 
     # the engine interleaves samples of the shards in flight as they arrive, so compare the multiset
     assert sorted(run(wds_async)) == sorted(run(webdataset))

@@ -1,16 +1,24 @@
-"""The store the plain-face modules of this folder share, one process per module: a root of two small shards and a
-symlink out of it. test_store_s3.py and test_store_gcs.py define their own ``root`` and ``store``."""
+"""The stores the modules of this folder share, one process per module. The plain face's (``root``, ``store``,
+``data``): a root of two small shards and a symlink out of it. The S3 face's, for test_store_s3.py and
+test_store_s3_transfers.py (``s3_root``, ``s3_store``, ``s3``, ``bucket``): a root whose bucket ``data`` holds two
+small shards, a boto3 client and a new bucket per test. test_store_gcs.py defines its own ``root``, ``store`` and
+``bucket``."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from benchmarks.make_shards import make_shards
 from emustore import StoreProcess
 from tests.servers.plain import SECRET, SHARD
+from tests.servers.s3_common import DATA, s3_client
+
+_names = itertools.count()
 
 
 @pytest.fixture(scope="module")
@@ -33,3 +41,32 @@ def store(root: Path) -> Iterator[StoreProcess]:
 @pytest.fixture(scope="module")
 def data(root: Path) -> bytes:
     return (root / SHARD).read_bytes()
+
+
+@pytest.fixture(scope="module")
+def s3_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("s3root")
+    make_shards(root / DATA, n_shards=2, shard_bytes=1 << 20, sample_bytes=32 << 10)
+    return root
+
+
+@pytest.fixture(scope="module")
+def s3_store(s3_root: Path) -> Iterator[StoreProcess]:
+    with StoreProcess(s3_root) as store:
+        yield store
+    assert store.stderr == "", store.stderr
+
+
+@pytest.fixture(scope="module")
+def s3(s3_store: StoreProcess) -> Iterator[Any]:
+    client = s3_client(s3_store.s3_endpoint)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def bucket(s3: Any) -> str:
+    """A new, empty bucket for one test."""
+    name = f"bucket-{next(_names)}"
+    s3.create_bucket(Bucket=name)
+    return name

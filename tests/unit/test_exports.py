@@ -25,7 +25,7 @@ def test_custom_backends_are_registered_through_the_public_api() -> None:
 
 def test_webdataset_names_are_exported() -> None:
     # The webdataset 1.0.2 names that its own tests and users reach for; each has a parity test in
-    # tests/parity/test_names.py.
+    # tests/parity/test_names.py or tests/parity/test_names_fields_and_caches.py.
     names = {"tarfile_samples", "shardspec", "MockDataset", "non_empty", "resampled", "extract_keys", "rename_keys",
              "rsample", "xdecode", "RoundRobin", "RandomMix", "Cached", "LMDBCached", "detshuffle", "ResampledShards",
              "FluidWrapper"}
