@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -182,3 +183,17 @@ def doc_block(page: Path, heading: str) -> str:
     match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
     assert match is not None, f"no python block under {heading!r}"
     return match.group(1)
+
+
+def break_second_write(writer: Any) -> None:
+    """Make a TarWriter's output raise ``KeyboardInterrupt`` at its second write call from now on, as a Ctrl-C in
+    the middle of a sample would: the sample's first piece gets out, the rest does not."""
+    real_write, calls = writer._out.write, []
+
+    def interrupted(data: Any) -> Any:
+        calls.append(data)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_write(data)
+
+    writer._out.write = interrupted

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import wds_async as wds
+from tests.conftest import break_second_write
 from wds_async._atomic import is_partial
 from wds_async.write.sinks import Sink, open_sink
 from wds_async.write.sinks.local import LocalSink
@@ -69,15 +69,7 @@ def test_unwritable_urls_are_refused(url: str) -> None:
 def test_interrupted_writer_leaves_no_file(tmp_path: Path) -> None:
     writer = wds.TarWriter(str(tmp_path / "x.tar"))
     writer.write({"__key__": "k0", "txt": "a"})
-    real_write, calls = writer._out.write, []
-
-    def interrupted(data: Any) -> Any:
-        calls.append(data)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real_write(data)
-
-    writer._out.write = interrupted
+    break_second_write(writer)
     with pytest.raises(KeyboardInterrupt):
         writer.write({"__key__": "k1", "txt": "b"})
     writer.close()

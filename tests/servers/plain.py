@@ -8,10 +8,10 @@ import json
 import aiohttp
 
 from emustore import StoreProcess
+from tests.servers.roots import SHARD
 
 __all__ = ["SECRET", "SHARD", "fetch", "stats"]
 
-SHARD = "shard-000000.tar"
 #: The content of ``escape.txt``'s target, a symlink out of the root (``conftest.root``).
 SECRET = b"top secret, outside the root"
 

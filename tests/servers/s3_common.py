@@ -1,5 +1,5 @@
 """What the tests of the emulated store's S3 face share (test_store_s3.py, test_store_s3_transfers.py and their
-fixtures in conftest.py): the bucket of generated shards, a boto3 client for a store and a failed call's error."""
+fixtures in conftest.py): the bucket of generated shards (from roots.py), a boto3 client for a store and a failed call's error."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import boto3
 import botocore.exceptions
 from botocore.config import Config
 
+from tests.servers.roots import DATA, SHARD
+
 __all__ = ["DATA", "SHARD", "s3_client", "error_code"]
 
-DATA = "data"  # the bucket that holds the generated shards
-SHARD = "shard-000000.tar"
 
 
 def s3_client(endpoint: str, *, verify: str | None = None, attempts: int = 3) -> Any:

@@ -24,10 +24,9 @@ from google.api_core import exceptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 
-from benchmarks.make_shards import make_shards
 from emustore import Knobs, StoreProcess
+from tests.servers.roots import DATA, bucket_root, checked_store
 
-DATA = "data"  # the bucket that holds the generated shards
 SHARD = "shard-000000.tar"
 _names = itertools.count()
 
@@ -53,16 +52,13 @@ def crc32c_b64(data: bytes) -> str:
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("gcsroot")
-    make_shards(root / DATA, n_shards=3, shard_bytes=1 << 20, sample_bytes=32 << 10)
-    return root
+    return bucket_root(tmp_path_factory, "gcsroot", 3)
 
 
 @pytest.fixture(scope="module")
 def store(root: Path) -> Iterator[StoreProcess]:
-    with StoreProcess(root) as store:
+    with checked_store(root) as store:
         yield store
-    assert store.stderr == "", store.stderr
 
 
 @pytest.fixture(scope="module")

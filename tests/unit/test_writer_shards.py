@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import webdataset
 
+from tests.conftest import break_second_write
 from tests.unit.writer_common import MTIME, assert_roundtrip, cbor_handler, make_sample, read_webdataset
 from wds_async.errors import NotFound, PipeError, UrlError
 from wds_async.write.writer import ShardWriter, TarWriter
@@ -114,15 +115,7 @@ def test_failure_mid_write_kills_the_pipe_command(tmp_path: Path) -> None:
     flag = tmp_path / "committed"
     writer = TarWriter(f"pipe:cat > {tmp_path}/x.tar && touch {flag}")
     writer.write({"__key__": "k0", "txt": "a"})
-    real_write, calls = writer._out.write, []
-
-    def interrupted(data: Any) -> Any:
-        calls.append(data)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real_write(data)
-
-    writer._out.write = interrupted
+    break_second_write(writer)
     with pytest.raises(KeyboardInterrupt):
         writer.write({"__key__": "k1", "txt": "b"})
     with pytest.raises(ValueError, match="failed TarWriter"):
