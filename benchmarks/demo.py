@@ -52,11 +52,17 @@ def main(argv: list[str] | None = None) -> int:
         rows = run_bench(expand_urls(pattern), connections=args.connections,
                          vs_webdataset=not args.no_webdataset, faults=args.faults or None)
         server_cpu = sum(server.cpu_times()[:2]) - cpu0
+        counters = store.stats()
     print()
     print(format_table(rows))
     total_gb = sum(r["bytes"] for r in rows) / 1e9
     print(f"emulated store: {server_cpu:.1f} CPU s for {total_gb:.2f} GB served "
           f"({server_cpu / max(total_gb, 1e-9):.2f} s/GB), sharing the same 2 cores")
+    if args.faults:
+        # Each request draws its faults (with the defaults 5% a 503 and 5% a cut body), so a run may meet none (over
+        # 32 shards about 1 run in 27) and "0 retries" would look like a loader that ignores them: say what was sent.
+        print(f"faults the store injected: {counters.get('failed', 0)} answers 503, {counters.get('dropped', 0)} "
+              "bodies cut short (all phases together; only the run under faults asks for them)")
     if args.json:
         import json
 
