@@ -7,6 +7,7 @@ Each test starts a store of its own; timing checks are lower bounds only.
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import time
@@ -115,12 +116,13 @@ def test_knobs_validate_and_round_trip() -> None:
     assert Knobs().to_args() == []
 
 
-def test_orphaned_store_exits_by_itself(root: Path) -> None:
-    """A test run killed with SIGKILL cannot clean up; the store notices it was orphaned and exits."""
+def test_orphaned_store_exits_by_itself(root: Path, tmp_path: Path) -> None:
+    """A test run killed with SIGKILL cannot clean up; the store notices it was orphaned and exits. (What the killed
+    parent cannot remove, its store's folder of port file and stderr, goes to ``tmp_path``, not to ``/tmp``.)"""
     code = ("import sys, time; from emustore import StoreProcess; "
             "s = StoreProcess(sys.argv[1]); s.start(); print(s.pid, flush=True); time.sleep(60)")
     parent = subprocess.Popen([sys.executable, "-c", code, str(root)], stdout=subprocess.PIPE,
-                              cwd=Path(__file__).resolve().parents[2])
+                              cwd=Path(__file__).resolve().parents[2], env={**os.environ, "TMPDIR": str(tmp_path)})
     try:
         assert parent.stdout is not None
         pid = int(parent.stdout.readline())
