@@ -23,6 +23,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -160,9 +161,13 @@ def _run(example: Path, run: Path, kill_at: int | None = None) -> int:
     """Run the program in ``run``; with ``kill_at``, SIGKILL its process group (it and its DataLoader workers) once
     it has logged that step and ``mix.ckpt`` exists. Returns the step it was killed at, or 0 once it has ended."""
     errors = run / "stderr.txt"
+    # Its temporary files (a SIGKILLed run's DataLoader workers leave their pymp-* folders) in a short folder of its
+    # own, removed below: a Unix socket's path in there may not exceed 107 bytes, so not the test's tmp_path.
+    scratch = tempfile.mkdtemp(prefix="wds-mixex-")
     with open(errors, "ab") as err:
-        proc = subprocess.Popen([sys.executable, str(example / "mix_example.py")], cwd=run, env=_env(),
-                                start_new_session=True, stdin=subprocess.DEVNULL, stdout=err, stderr=err)
+        proc = subprocess.Popen([sys.executable, str(example / "mix_example.py")], cwd=run,
+                                env={**_env(), "TMPDIR": scratch}, start_new_session=True, stdin=subprocess.DEVNULL,
+                                stdout=err, stderr=err)
     try:
         deadline = time.monotonic() + CHILD_TIMEOUT
         while proc.poll() is None and time.monotonic() < deadline:
@@ -181,6 +186,7 @@ def _run(example: Path, run: Path, kill_at: int | None = None) -> int:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _checkpointed(run: Path) -> int:
