@@ -1,4 +1,6 @@
-"""Tests of the sans-IO tar parser: agreement with ``tarfile`` under random chunking, and every error."""
+"""Tests of the sans-IO tar parser: agreement with ``tarfile`` under random chunking, and the framing details
+(offsets, pending bytes, gzip, skipped entries, PAX). Every error is in ``test_tarstream_errors.py``; the archive
+builders both use are in ``tarstream_common.py``."""
 
 from __future__ import annotations
 
@@ -8,128 +10,26 @@ import random
 import tarfile
 import tracemalloc
 import zlib
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from wds_async.engine.tarstream import Member, TarParser
-from wds_async.errors import ShardFormatError, TruncatedShard
-
-URL = "https://example.test/shards/shard-000007.tar"
-
-
-# -- helpers ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class Entry:
-    name: str
-    kind: bytes = tarfile.REGTYPE
-    data: bytes = field(default=b"", repr=False)
-    linkname: str = ""
-    pax: dict[str, str] | None = None
-
-
-def build(
-    entries: Iterable[Entry], fmt: int = tarfile.GNU_FORMAT, pax: dict[str, str] | None = None
-) -> bytes:
-    """A tar archive written by ``tarfile``; entries it cannot represent in ``fmt`` are left out."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=fmt, pax_headers=pax) as tar:
-        for e in entries:
-            info = tarfile.TarInfo(e.name)
-            info.type = e.kind
-            info.linkname = e.linkname
-            info.mtime = 1_700_000_000
-            if e.pax:
-                info.pax_headers = dict(e.pax)
-            info.size = len(e.data)
-            try:
-                tar.addfile(info, io.BytesIO(e.data) if info.size else None)
-            except ValueError:  # e.g. a name too long for ustar
-                continue
-    return buf.getvalue()
-
-
-def expected(raw: bytes) -> list[tuple[str, int, bytes]]:
-    """What ``tarfile`` reads: (name, offset, data) of the regular files."""
-    with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
-        out = []
-        for info in tar.getmembers():
-            if info.isreg():
-                f = tar.extractfile(info)
-                assert f is not None
-                out.append((info.name, info.offset, f.read()))
-        return out
-
-
-def header_offsets(raw: bytes) -> list[tuple[int, int]]:
-    """(first header, own header) offsets of every member, by ``tarfile``."""
-    with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
-        return [(m.offset, m.offset_data - 512) for m in tar.getmembers()]
-
-
-def hide_pax_sizes(raw: bytes) -> bytes:
-    """Zero the ustar size field of members whose size is in a PAX header, so only the PAX one counts."""
-    with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
-        headers = [m.offset_data - 512 for m in tar.getmembers() if "size" in m.pax_headers]
-    for header in headers:
-        raw = patch(raw, header, 124, b"0" * 11 + b"\0")
-    return raw
-
-
-def chunked(data: bytes, sizes: Sequence[int]) -> list[bytes]:
-    out, pos, k = [], 0, 0
-    while pos < len(data):
-        out.append(data[pos : pos + sizes[k % len(sizes)]])
-        pos += sizes[k % len(sizes)]
-        k += 1
-    return out
-
-
-def parse(data: bytes, sizes: Sequence[int] = (65536,), **kwargs: object) -> tuple[list[Member], TarParser]:
-    parser = TarParser(url=URL, **kwargs)  # type: ignore[arg-type]
-    members: list[Member] = []
-    for chunk in chunked(data, sizes):
-        members += parser.feed(chunk)
-    parser.close()
-    return members, parser
-
-
-def fail(data: bytes, sizes: Sequence[int] = (65536,), start_offset: int = 0) -> ShardFormatError:
-    """Feed and close, expecting a ShardFormatError (from either); check url and offset presence."""
-    parser = TarParser(url=URL, start_offset=start_offset)
-    with pytest.raises(ShardFormatError) as info:
-        for chunk in chunked(data, sizes):
-            parser.feed(chunk)
-        parser.close()
-    err = info.value
-    assert err.url == URL and URL in str(err)
-    assert isinstance(err.offset, int) and f"offset={err.offset}" in str(err)
-    return err
-
-
-def patch(raw: bytes, header: int, start: int, value: bytes, checksum: bool = True) -> bytes:
-    """Overwrite a header field at ``header + start`` and (by default) recompute the checksum."""
-    buf = bytearray(raw)
-    buf[header + start : header + start + len(value)] = value
-    if checksum:
-        block = buf[header : header + 512]
-        block[148:156] = b" " * 8
-        buf[header + 148 : header + 156] = b"%06o\0 " % sum(block)
-    return bytes(buf)
-
-
-def rand_bytes(n: int, seed: int = 0) -> bytes:
-    return random.Random(seed).randbytes(n)
-
-
-def files(*sizes: int, prefix: str = "s/") -> list[Entry]:
-    return [Entry(f"{prefix}{i:04d}.bin", data=rand_bytes(n, i)) for i, n in enumerate(sizes)]
-
+from tests.unit.tarstream_common import (
+    URL,
+    Entry,
+    build,
+    expected,
+    fail,
+    files,
+    header_offsets,
+    hide_pax_sizes,
+    parse,
+    patch,
+    rand_bytes,
+)
+from wds_async.engine.tarstream import TarParser
+from wds_async.errors import TruncatedShard
 
 # -- agreement with tarfile ------------------------------------------------------------------------
 
@@ -312,137 +212,3 @@ def test_a_pax_path_of_only_slashes_names_the_member_as_tarfile_does() -> None:
     members, _ = parse(raw)
     with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
         assert [m.name for m in members] == tar.getnames() == [""]
-
-
-# -- errors ----------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("which", [0, 1])
-def test_corrupt_checksum(which: int) -> None:
-    raw = build(files(100, 100))
-    header = header_offsets(raw)[which][1]
-    err = fail(patch(raw, header, 0, b"X", checksum=False))
-    assert type(err) is ShardFormatError and err.offset == header and "checksum" in err.message
-
-
-def test_signed_checksum_accepted() -> None:
-    raw = build([Entry("\xe9t\xe9", data=b"abc")])  # utf-8 bytes >= 0x80 make the sums differ
-    signed = sum(b - 256 if b > 127 else b for b in raw[:148] + b" " * 8 + raw[156:512])
-    members, _ = parse(patch(raw, 0, 148, b"%06o\0 " % signed, checksum=False))
-    assert [m.data for m in members] == [b"abc"]
-
-
-@pytest.mark.parametrize("field", [b"00000x001750", b"\xff" * 12])
-def test_bad_size_field(field: bytes) -> None:
-    raw = build(files(100, 100))
-    header = header_offsets(raw)[1][1]
-    err = fail(patch(raw, header, 124, field))
-    assert type(err) is ShardFormatError and err.offset == header and "size" in err.message
-
-
-@pytest.mark.parametrize(
-    "body",
-    [
-        b"<html><head><title>404 Not Found</title></head>\n<body>" + b"x" * 1000 + b"</body></html>",
-        b"<html><head><title>403</title></head></html>\n",  # shorter than one block
-        b"AccessDenied: request has expired\n" * 40,
-        b"Not Found\n",
-        rand_bytes(4096, 3),
-    ],
-)
-def test_not_a_tar(body: bytes) -> None:
-    err = fail(body, [100])
-    assert type(err) is ShardFormatError and err.offset == 0
-    assert "not a tar archive" in err.message and repr(body[:12])[2:-1] in err.message
-
-
-def test_zero_bytes() -> None:
-    for data in (b"", gzip.compress(b"")):
-        err = fail(data)
-        assert isinstance(err, TruncatedShard) and err.offset == 0 and "empty shard" in err.message
-
-
-def test_truncated_mid_header() -> None:
-    raw = build(files(100, 100))
-    header = header_offsets(raw)[1][0]
-    err = fail(raw[: header + 100], [64])
-    assert isinstance(err, TruncatedShard) and err.offset == header and "header" in err.message
-
-
-def test_truncated_mid_member() -> None:
-    raw = build([Entry("x/y.jpg", data=rand_bytes(5000))])
-    err = fail(raw[: 512 + 1234])
-    assert isinstance(err, TruncatedShard) and err.offset == 0
-    assert "stream ended 1234 bytes into member 'x/y.jpg' of 5000 bytes" in err.message
-
-
-def test_truncated_mid_padding() -> None:
-    raw = build(files(100, 5000))
-    first, own = header_offsets(raw)[1]
-    parser = TarParser(url=URL)
-    assert len(parser.feed(raw[: own + 512 + 5000 + 10])) == 2  # member data complete: returned
-    with pytest.raises(TruncatedShard) as info:
-        parser.close()
-    assert info.value.offset == first and "padding" in info.value.message and URL in str(info.value)
-
-
-def test_truncated_at_member_boundary() -> None:
-    raw = build(files(100, 5000))
-    end = header_offsets(raw)[-1][1] + 512 + 5120
-    err = fail(raw[:end])
-    assert isinstance(err, TruncatedShard) and err.offset == end
-    assert "end-of-archive marker" in err.message and "member boundary" in err.message
-
-
-def test_truncated_after_prefix_headers() -> None:
-    raw = build(files(10, prefix="L" * 300), tarfile.GNU_FORMAT)
-    first, own = header_offsets(raw)[0]
-    err = fail(raw[:own])
-    assert isinstance(err, TruncatedShard) and err.offset == first == 0
-
-
-@pytest.mark.parametrize("cut", [-4, -30, 40, 11])
-def test_truncated_gzip(cut: int) -> None:
-    data = gzip.compress(build(files(3000, 20)))
-    err = fail(data[:cut])
-    assert isinstance(err, TruncatedShard) and "gzip" in err.message
-
-
-def test_corrupt_gzip() -> None:
-    data = bytearray(gzip.compress(build(files(3000, 20))))
-    data[-6] ^= 0xFF  # the CRC-32 of the member
-    err = fail(bytes(data))
-    assert type(err) is ShardFormatError and "gzip" in err.message and 0 <= err.offset <= 10240
-    err = fail(gzip.compress(b"")[:10] + b"\xff" * 40)  # invalid deflate block type
-    assert type(err) is ShardFormatError and "gzip" in err.message and err.offset == 0
-
-
-def test_garbage_between_gzip_members() -> None:
-    raw = build(files(3000, 20))
-    err = fail(gzip.compress(raw[:1000]) + b"PK\x03\x04" + gzip.compress(raw[1000:]))
-    assert type(err) is ShardFormatError and "gzip" in err.message and err.offset == 1000
-
-
-@pytest.mark.parametrize(
-    "records", [b"999 path=a\n", b"5 path=abc\n", b"abc\n", b"12 pathabcd\n", b"12 path=abc ", b"9 size=x\n"]
-)
-def test_bad_pax_records(records: bytes) -> None:
-    raw = build([Entry("pax", b"x", data=records), *files(3)])
-    err = fail(raw)
-    assert type(err) is ShardFormatError and err.offset == 0 and "PAX" in err.message
-
-
-def test_sparse_members_are_refused() -> None:
-    raw = patch(build(files(10)), 0, 156, b"S")
-    err = fail(raw)
-    assert type(err) is ShardFormatError and "sparse" in err.message
-
-
-def test_dead_parser_reraises() -> None:
-    parser = TarParser(url=URL)
-    with pytest.raises(ShardFormatError) as info:
-        parser.feed(b"<html>" * 100)
-    for again in (lambda: parser.feed(build(files(1))), parser.close):
-        with pytest.raises(ShardFormatError) as second:
-            again()
-        assert second.value is info.value
