@@ -42,7 +42,8 @@ def keys_of(batches: list[dict[str, Any]]) -> list[str]:
 
 
 def mix_config(data: dict[str, Any], tmp: Path, *, names: list[str], shuffle: tuple[int, ...] = (0, 0, 0),
-            resampled: tuple[bool, ...] = (False, False, False), index: bool = False, **mix: Any) -> dict[str, Any]:
+               resampled: tuple[bool, ...] = (False, False, False), index: bool = False,
+               **mix: Any) -> dict[str, Any]:
     sources = [{"urls": data[name]["urls"], "index": data[name]["index"] if index else None, "seed": 7 + 10 * n,
                 "shuffle": shuffle[n], "resampled": resampled[n]} for n, name in enumerate(names)]
     return {"sources": sources, "mix": "random", "probs": PROBS, "seed": 1234, "longest": False, "workers": 0,
