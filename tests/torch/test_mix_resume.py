@@ -73,7 +73,7 @@ def _kill(cfg: dict[str, Any], nsteps: int, when: str) -> int:
 
 @pytest.mark.parametrize("name,extra,when", KILL_CONFIGS, ids=[c[0] for c in KILL_CONFIGS])
 def test_sigkill_and_resume_continue_the_uninterrupted_sequence(mix_data: Any, tmp_path: Path, name: str,
-                                                                 extra: dict[str, Any], when: str) -> None:
+                                                                extra: dict[str, Any], when: str) -> None:
     cfg = mix_config(mix_data, tmp_path, **extra)
     reference = uninterrupted(cfg, tmp_path)
     nsteps = steps(str(tmp_path / "ref.log"))

@@ -204,7 +204,7 @@ ELASTIC = [("into-1-rank", 1, 2, False), ("into-3-ranks", 3, 1, False), ("indexe
 
 @pytest.mark.parametrize("name,new_world,new_workers,index", ELASTIC, ids=[c[0] for c in ELASTIC])
 def test_elastic_resume_of_2_ranks_delivers_the_rest_once(mix_data: Any, tmp_path: Path, name: str,
-                                                           new_world: int, new_workers: int, index: bool) -> None:
+                                                          new_world: int, new_workers: int, index: bool) -> None:
     """Two ranks x 2 workers are killed mid-epoch; ``merge_states`` of their checkpoints is loaded into the
     mix of every process of a job of another world size, which delivers every remaining sample of every
     source exactly once (with an index: plus the padding of the old and the new shares), in the weights'
