@@ -73,6 +73,42 @@ def test_every_module_imports_as_webdataset_x_and_is_the_shim() -> None:
         "pytorch", "shardlists", "tariterators", "utils", "wids", "writer"}
 
 
+def test_every_submodule_is_an_attribute_of_the_shim_as_of_a_package() -> None:
+    # `import webdataset.wids` then `webdataset.wids.ShardListDataset`, and `from webdataset import wids`: a package
+    # binds its imported submodules; the shim binds them at install. A name the top binds itself stays its own:
+    # `webdataset.gopen` is the function, in webdataset 1.0.2 as here.
+    out = _ok(f"""
+        import importlib, json, sys
+        import wds_async
+        wds_async.install_as_webdataset()
+        import webdataset.wids
+        from webdataset import wids
+        found = {{}}
+        for name in {sorted(MODULES)!r}:
+            if "." in name:
+                child = name.split(".", 1)[1]
+                found[child] = getattr(webdataset, child) is sys.modules[name]
+        print(json.dumps([found, webdataset.wids.ShardListDataset.__module__, wids is webdataset.wids,
+                          callable(webdataset.gopen), webdataset.gopen is webdataset.gopen.__globals__["gopen"]]))
+    """)
+    found, module, same, gopen_callable, gopen_is_function = json.loads(out)
+    assert found == {name.split(".", 1)[1]: name != "webdataset.gopen" for name in MODULES if "." in name}
+    assert module == "wds_async.compat.wids" and same and gopen_callable and gopen_is_function
+
+
+def test_wds_async_wids_is_the_wids_drop_in() -> None:
+    out = _ok("""
+        import json
+        import wds_async
+        import wds_async.wids
+        from wds_async import wids
+        from wds_async.compat import wids as implementation
+        print(json.dumps([wids is wds_async.wids, sorted(wids.__all__) == sorted(implementation.__all__),
+                          all(getattr(wids, n) is getattr(implementation, n) for n in implementation.__all__)]))
+    """)
+    assert json.loads(out) == [True, True, True]
+
+
 def test_the_names_open_clip_and_timm_import_resolve_to_ours() -> None:
     out = _ok("""
         import json

@@ -16,7 +16,7 @@ import pytest
 import wds_async as wds
 from emustore import Knobs, StoreProcess
 from tests.data.test_indexed import _write
-from wds_async.compat import wids as ours
+from wds_async import wids as ours
 
 wids = pytest.importorskip("wids")
 

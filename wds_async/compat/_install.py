@@ -114,3 +114,10 @@ def install_as_webdataset() -> None:
     sys.meta_path.insert(0, WebdatasetFinder())
     for name, module in modules.items():
         sys.modules[name] = module
+        # As the import system does for a package's submodule: `import webdataset.wids` then `webdataset.wids.X`,
+        # and `from webdataset import wids`, need the attribute on the parent (the shim's top module imports the
+        # others itself; wids it does not, to stay light). A name the top already binds stays: `webdataset.gopen`
+        # is the function, in webdataset as here.
+        parent, _, child = name.rpartition(".")
+        if parent and child not in vars(modules[parent]):
+            setattr(modules[parent], child, module)
