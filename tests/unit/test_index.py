@@ -96,6 +96,9 @@ def test_shard_writer_index_equals_build_index(tmp_path: Path, suffix: str) -> N
     for w, b in zip(written.shards, built.shards, strict=True):
         assert (w.url, w.size, w.compressed, w.keys, w.offsets, w.ends) == (
             b.url, b.size, b.compressed, b.keys, b.offsets, b.ends)
+        # the identity too: a local file's is its size and modification time, as the file backend reports it
+        assert (w.etag, w.generation, w.last_modified) == (b.etag, b.generation, b.last_modified)
+        assert w.last_modified is not None
     assert w.compressed == (suffix == ".tar.gz")
 
 

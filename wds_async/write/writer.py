@@ -368,6 +368,7 @@ class ShardWriter:
         rows = stream.samples or []
         return ShardEntry(url=redact_url(fname), size=getattr(identity, "size", None),
                           etag=getattr(identity, "etag", None), generation=getattr(identity, "generation", None),
+                          last_modified=getattr(identity, "last_modified", None),
                           compressed=stream.compression == "gz", keys=tuple(r[0] for r in rows),
                           offsets=tuple(r[1] for r in rows), ends=tuple(r[2] for r in rows))
 

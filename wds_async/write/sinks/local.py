@@ -74,14 +74,16 @@ class LocalSink:
             else:
                 self._file.flush()
                 self._file.close()  # type: ignore[union-attr]
-            size = os.stat(self.path).st_size if self._atomic is not None else None
+            st = os.stat(self.path) if self._atomic is not None else None
         except OSError as exc:
             error = _os_error(exc, "finish the file", self.url)
         except BaseException:
             self.abort()
             raise
         else:
-            self.closed, self.identity = True, ObjectIdentity(size=size)
+            # what the file backend reports for it (and `wds-async index` records): size and modification time
+            self.closed, self.identity = True, ObjectIdentity(
+                size=None if st is None else st.st_size, last_modified=None if st is None else str(st.st_mtime_ns))
             return
         self.abort()
         raise error
