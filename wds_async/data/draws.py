@@ -30,7 +30,7 @@ from typing import Any
 
 __all__ = ["BalancedDraws", "Chooser", "GlobalDraws", "IndependentDraws", "Turns", "check_weights", "draw"]
 
-_heapreplace = heapq.heapreplace
+_heappop, _heappush, _heappushpop = heapq.heappop, heapq.heappush, heapq.heappushpop
 
 
 class Chooser:
@@ -126,14 +126,19 @@ class IndependentDraws(GlobalDraws):
 
 class BalancedDraws(Chooser):
     """Source ``i``'s ``k``-th item is due at ``(k + u) / w_i`` (``u`` uniform, fresh per item); the source due
-    first is drawn (see the module docstring), from a heap of ``(due, source)``. Zero-weight sources are never
+    first is drawn (see the module docstring), from a heap of ``(due, source, count)``. Zero-weight sources are never
     due; they are drained in order once they are all that is left.
 
     Picks are made :data:`AHEAD` at a time, in one tight loop, and handed out from a list: a mix's consumer
     then spends a list step per item on them instead of a method call that touches the heap, the generator and
     three lists, on caches its sleep between items (a training step) left cold. :meth:`state` is the state
     before the current block (``mark``) and how many of its picks were taken (``skip``); :meth:`load` recomputes
-    the block and skips those. A state without ``skip`` (saved one pick at a time) loads as ``skip`` 0."""
+    the block and skips those. A state without ``skip`` (saved one pick at a time) loads as ``skip`` 0.
+
+    While picks are made the heap is the truth: each entry carries its source's count, and ``count`` and ``due``
+    are brought up to date from it (:meth:`_sync`) only where they are read (a state, a drop). The loop then
+    makes one C heap call and no list writes per pick: 34 bytecodes where it took 46, on the path of every
+    sample of a mix."""
 
     #: Picks made at a time.
     AHEAD = 128
@@ -143,7 +148,7 @@ class BalancedDraws(Chooser):
         self.rng = random.Random(seed)
         self.count = [0] * len(weights)
         self.due = [self._due(i) for i in range(len(weights))]
-        self._heap: list[tuple[float, int]] = []
+        self._heap: list[tuple[float, int, int]] = []
         self._block: list[int] = []
         self._ahead: Iterator[int] = iter(self._block)  # the picks of _block not yet taken
         self._mark: dict[str, Any] | None = None  # the state before _block was picked
@@ -160,8 +165,15 @@ class BalancedDraws(Chooser):
         return (self.count[i] + u) / self.weights[i] if self.weights[i] > 0 else math.inf
 
     def _rebuild(self) -> None:
-        self._heap = [(self.due[i], i) for i in self.active if self.weights[i] > 0]
+        """The heap from ``count`` and ``due``, which must be current (:meth:`_sync` first if picks were made)."""
+        self._heap = [(self.due[i], i, self.count[i]) for i in self.active if self.weights[i] > 0]
         heapq.heapify(self._heap)
+
+    def _sync(self) -> None:
+        """Bring ``count`` and ``due`` up to date with the heap."""
+        due, count = self.due, self.count
+        for d, i, k in self._heap:
+            due[i], count[i] = d, k
 
     def _pick_many(self, n: int) -> list[int]:
         """The next ``n`` picks, advancing the generator, the counts and the due times: the draws, in the same
@@ -169,15 +181,18 @@ class BalancedDraws(Chooser):
         heap = self._heap
         if not heap:
             return [self.active[0]] * n
-        count, due, weights, rand = self.count, self.due, self.weights, self.rng.random
+        weights, rand, pushpop = self.weights, self.rng.random, _heappushpop
         out: list[int] = []
         append = out.append
+        # The source due first is held out of the heap: pushing its next due and popping the smallest is then one
+        # call, which gives the next source due first.
+        top = _heappop(heap)
         for _ in itertools.repeat(None, n):
-            i = heap[0][1]
-            count[i] = k = count[i] + 1
-            due[i] = d = (k + rand()) / weights[i]
-            _heapreplace(heap, (d, i))
+            _, i, k = top
+            k += 1
             append(i)
+            top = pushpop(heap, ((k + rand()) / weights[i], i, k))
+        _heappush(heap, top)
         return out
 
     def picks(self) -> Iterator[int]:
@@ -204,13 +219,15 @@ class BalancedDraws(Chooser):
 
     def drop(self, i: int) -> None:
         self._settle()
+        self._sync()
         super().drop(i)
         self._rebuild()
 
     def first_order(self) -> list[int]:
-        return [i for _, i in sorted(self._heap)] + [i for i in self.active if self.weights[i] <= 0]
+        return [i for _, i, _ in sorted(self._heap)] + [i for i in self.active if self.weights[i] <= 0]
 
     def _state(self) -> dict[str, Any]:
+        self._sync()
         return {"rng": _rng_state(self.rng), "count": list(self.count),
                 "due": [d if math.isfinite(d) else None for d in self.due]}
 
