@@ -216,6 +216,13 @@ def test_round_robin_matches(longest: bool) -> None:
     assert (np.array(list(mixed)) == np.array([2, 1, 3, 2, 3, 3])).all()
 
 
+def test_round_robin_takes_a_seed_as_random_mix_does_and_its_order_does_not_change() -> None:
+    sources = [[1, 2], [10, 11, 12], [20, 21]]
+    for mix in (wds_async.RandomMix, wds_async.RoundRobin):  # the same call works with either
+        assert len(list(mix(sources, longest=True, seed=7))) == 7
+    assert list(wds_async.RoundRobin(sources, seed=7)) == list(wds_async.RoundRobin(sources)) == [1, 10, 20, 2, 11, 21]
+
+
 @pytest.mark.parametrize("probs,longest", [(None, False), (None, True), ([3, 1], True), ([0.2, 0.5, 0.3], False),
                                            ([1, 0, 1], True)])
 def test_random_mix_draws_like_webdataset(probs: list[float] | None, longest: bool) -> None:

@@ -380,11 +380,15 @@ class RandomMix(_Mix):
 
 class RoundRobin(_Mix):
     """Items from ``datasets`` in turn: one from the first, one from the second, ... Ends when any dataset
-    ends, or with ``longest=True`` when all have (the others go on in turn). Always resumable."""
+    ends, or with ``longest=True`` when all have (the others go on in turn). Always resumable.
+
+    ``seed`` is taken so that a call written for :class:`RandomMix` (``Mix(datasets, seed=s)``) works with either
+    mix; round robin draws nothing, so its order is the same whatever the seed (the sources' own shuffles take
+    their seeds from the sources)."""
 
     _kind = "round_robin"
 
-    def __init__(self, datasets: Sequence[Iterable[Any]], longest: bool = False) -> None:
+    def __init__(self, datasets: Sequence[Iterable[Any]], longest: bool = False, *, seed: Any = None) -> None:
         super().__init__(datasets, None, longest, seed=0, draws="balanced")
 
     def _chooser(self, seed_text: str | None) -> Chooser:
