@@ -97,8 +97,9 @@ def test_a_slow_consumer_makes_it_give_connections_back(shards: Path) -> None:
     assert stats["concurrency"] <= start // 2 and "consumer" in stats["concurrency_reason"], (start, stats)
 
 
-def _reasons(ds: wds.WebDataset) -> list[tuple[float, int, str]]:
-    """Iterate ``ds`` to the end; every (seconds in, concurrency, reason) the engine's stats showed, polled."""
+def _reasons(ds: wds.WebDataset, total: int = TOTAL) -> list[tuple[float, int, str]]:
+    """Iterate ``ds`` to the end (``total`` samples); every (seconds in, concurrency, reason) the engine's stats
+    showed, polled."""
     import threading
     import time
 
@@ -115,23 +116,39 @@ def _reasons(ds: wds.WebDataset) -> list[tuple[float, int, str]]:
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
     try:
-        assert sum(1 for _ in ds) == TOTAL
+        assert sum(1 for _ in ds) == total
     finally:
         done.set()
         thread.join()
     return seen
 
 
-def test_requests_that_mostly_wait_for_their_first_byte_raise_the_level_at_once(shards: Path) -> None:
+@pytest.fixture(scope="module")
+def longer_list(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
+    """The folder of LONGER shards and their sample count (read from the local files)."""
+    root = tmp_path_factory.mktemp("tune-longer")
+    paths = make_shards(root, n_shards=LONGER, shard_bytes=MiB, sample_bytes=64 << 10, seed=43)
+    return root, sum(1 for _ in wds.WebDataset([str(p) for p in paths], nodesplitter=None, workersplitter=None))
+
+
+#: Items in the list of the latency check's test: enough that the items left stay above the starting level (32)
+#: when the check decides late. A jump never goes past the items left, and with 40 items a machine busy enough to
+#: delay the measuring tick (11 items done by then, measured) left 29, below the level: no jump, rightly.
+LONGER = 80
+
+
+def test_requests_that_mostly_wait_for_their_first_byte_raise_the_level_at_once(longer_list: tuple[Path, int]) -> None:
     # 200 ms to first byte, then 1 MiB at 10 MB/s: two thirds of a request is waiting. The first answers'
     # transfer is measured one tick after they stream, and the level jumps before the first interval ends
-    # (0.5 s), by about 1 / (1 - 2/3) = 3x and no further than the 40 items of the list; then it holds.
-    with StoreProcess(shards, Knobs(ttfb=0.2, bw=10e6)) as store:
-        seen = _reasons(wds.WebDataset(_urls(store), nodesplitter=None, workersplitter=None))
+    # (0.5 s), by about 1 / (1 - 2/3) = 3x and no further than the items of the list left; then it holds.
+    root, total = longer_list
+    with StoreProcess(root, Knobs(ttfb=0.2, bw=10e6)) as store:
+        urls = [store.base_url + f"shard-{i:06d}.tar" for i in range(LONGER)]
+        seen = _reasons(wds.WebDataset(urls, nodesplitter=None, workersplitter=None), total)
     jumps = [(t, level) for t, level, reason in seen if reason.startswith("latency-bound")]
     assert jumps, seen
     when, level = jumps[0]
-    assert when < 0.5 and 32 < level <= 40, seen
+    assert when < 0.5 and 40 < level <= LONGER, seen
     assert seen[-1][1] == level, seen  # a short list holds at its two waves
 
 
