@@ -31,7 +31,7 @@ from wds_async._aio import Inflight, close_reader, open_file
 from wds_async.errors import BackendError, NotFound, PermissionDenied, UrlError
 from wds_async.io.backend import ByteStream, Capabilities, ObjectIdentity
 
-__all__ = ["FileBackend", "local_path"]
+__all__ = ["FileBackend", "file_identity", "local_path"]
 
 
 def local_path(url: str) -> str:
@@ -48,6 +48,12 @@ def local_path(url: str) -> str:
     if not path:
         raise UrlError("empty file path", url=url)
     return os.path.expanduser(path)
+
+
+def file_identity(st: os.stat_result) -> ObjectIdentity:
+    """A local file's identity, from its ``stat``: its size and modification time (what a read of it reports, what
+    ``wds-async index`` records and what a writer of it commits)."""
+    return ObjectIdentity(size=st.st_size, last_modified=str(st.st_mtime_ns))
 
 
 def _open_error(exc: OSError, url: str) -> BackendError:
@@ -114,8 +120,7 @@ class FileBackend:
         calls = Inflight()
         try:
             st = os.fstat(f.fileno())  # the inode the open just read: no disk access
-            identity = ObjectIdentity(size=st.st_size, last_modified=str(st.st_mtime_ns))
-            stream = ByteStream(self._chunks(f, calls, url, start, end), start=start, identity=identity)
+            stream = ByteStream(self._chunks(f, calls, url, start, end), start=start, identity=file_identity(st))
             try:
                 yield stream
             finally:

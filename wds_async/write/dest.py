@@ -18,7 +18,7 @@ import asyncio
 from contextlib import suppress
 from typing import Any, Protocol
 
-from ..backends.file import local_path
+from ..backends.file import file_identity, local_path
 from ..config import RetryPolicy
 from ..errors import BackendError, UrlError
 from ..io import ObjectIdentity, backend_key, validate_url
@@ -75,8 +75,7 @@ class LocalDestination:
         import aiofiles.os
 
         await self._out.commit()
-        st = await aiofiles.os.stat(self.path)
-        return ObjectIdentity(size=st.st_size, last_modified=str(st.st_mtime_ns))
+        return file_identity(await aiofiles.os.stat(self.path))
 
     async def abort(self) -> None:
         await self._out.discard()

@@ -12,7 +12,7 @@ from contextlib import suppress
 from typing import IO
 
 from ..._atomic import AtomicFile
-from ...backends.file import local_path
+from ...backends.file import file_identity, local_path
 from ...errors import BackendError, NotFound, PermissionDenied
 from ...io import ObjectIdentity
 from ...urls import redact_url
@@ -81,9 +81,7 @@ class LocalSink:
             self.abort()
             raise
         else:
-            # what the file backend reports for it (and `wds-async index` records): size and modification time
-            self.closed, self.identity = True, ObjectIdentity(
-                size=None if st is None else st.st_size, last_modified=None if st is None else str(st.st_mtime_ns))
+            self.closed, self.identity = True, ObjectIdentity() if st is None else file_identity(st)
             return
         self.abort()
         raise error
