@@ -9,16 +9,5 @@ module too.
 
 from __future__ import annotations
 
-from .compat.wids import (
-    ChunkedSampler,
-    DistributedChunkedSampler,
-    ShardedSampler,
-    ShardListDataset,
-    ShardListSampler,
-    load_dsdesc_and_resolve,
-    urldir,
-    urlmerge,
-)
-
-__all__ = ["ChunkedSampler", "DistributedChunkedSampler", "ShardListDataset", "ShardListSampler", "ShardedSampler",
-           "load_dsdesc_and_resolve", "urldir", "urlmerge"]
+from .compat.wids import *  # noqa: F403  (its __all__: one list of the drop-in's names, kept there)
+from .compat.wids import __all__ as __all__

@@ -30,8 +30,6 @@ from typing import Any
 
 __all__ = ["BalancedDraws", "Chooser", "GlobalDraws", "IndependentDraws", "Turns", "check_weights", "draw"]
 
-_heappop, _heappush, _heappushpop = heapq.heappop, heapq.heappush, heapq.heappushpop
-
 
 class Chooser:
     """Picks the next source among those not run out (:meth:`drop` removes one); state for checkpoints.
@@ -181,18 +179,18 @@ class BalancedDraws(Chooser):
         heap = self._heap
         if not heap:
             return [self.active[0]] * n
-        weights, rand, pushpop = self.weights, self.rng.random, _heappushpop
+        weights, rand, pushpop = self.weights, self.rng.random, heapq.heappushpop
         out: list[int] = []
         append = out.append
         # The source due first is held out of the heap: pushing its next due and popping the smallest is then one
         # call, which gives the next source due first.
-        top = _heappop(heap)
+        top = heapq.heappop(heap)
         for _ in itertools.repeat(None, n):
             _, i, k = top
             k += 1
             append(i)
             top = pushpop(heap, ((k + rand()) / weights[i], i, k))
-        _heappush(heap, top)
+        heapq.heappush(heap, top)
         return out
 
     def picks(self) -> Iterator[int]:
