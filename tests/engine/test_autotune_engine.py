@@ -17,16 +17,22 @@ MiB = 1 << 20
 TOTAL = 592  # samples in the 40 shards make_shards writes with seed 41 (checked from local files below)
 
 
+def _made(tmp_path_factory: pytest.TempPathFactory, name: str, n: int, seed: int) -> tuple[Path, int]:
+    """A folder of ``n`` shards of 1 MiB (64 KiB samples) and their sample count, read from the local files."""
+    root = tmp_path_factory.mktemp(name)
+    paths = make_shards(root, n_shards=n, shard_bytes=MiB, sample_bytes=64 << 10, seed=seed)
+    return root, sum(1 for _ in wds.WebDataset([str(p) for p in paths], nodesplitter=None, workersplitter=None))
+
+
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("tune")
-    paths = make_shards(root, n_shards=40, shard_bytes=MiB, sample_bytes=64 << 10, seed=41)
-    assert sum(1 for _ in wds.WebDataset([str(p) for p in paths], nodesplitter=None, workersplitter=None)) == TOTAL
+    root, total = _made(tmp_path_factory, "tune", 40, seed=41)
+    assert total == TOTAL
     return root
 
 
-def _urls(store: StoreProcess) -> list[str]:
-    return [store.base_url + f"shard-{i:06d}.tar" for i in range(40)]
+def _urls(store: StoreProcess, n: int = 40) -> list[str]:
+    return [store.base_url + f"shard-{i:06d}.tar" for i in range(n)]
 
 
 def test_a_throttling_store_is_backed_off_and_every_sample_arrives_once(shards: Path) -> None:
@@ -123,18 +129,15 @@ def _reasons(ds: wds.WebDataset, total: int = TOTAL) -> list[tuple[float, int, s
     return seen
 
 
-@pytest.fixture(scope="module")
-def longer_list(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
-    """The folder of LONGER shards and their sample count (read from the local files)."""
-    root = tmp_path_factory.mktemp("tune-longer")
-    paths = make_shards(root, n_shards=LONGER, shard_bytes=MiB, sample_bytes=64 << 10, seed=43)
-    return root, sum(1 for _ in wds.WebDataset([str(p) for p in paths], nodesplitter=None, workersplitter=None))
-
-
 #: Items in the list of the latency check's test: enough that the items left stay above the starting level (32)
 #: when the check decides late. A jump never goes past the items left, and with 40 items a machine busy enough to
 #: delay the measuring tick (11 items done by then, measured) left 29, below the level: no jump, rightly.
 LONGER = 80
+
+
+@pytest.fixture(scope="module")
+def longer_list(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
+    return _made(tmp_path_factory, "tune-longer", LONGER, seed=43)
 
 
 def test_requests_that_mostly_wait_for_their_first_byte_raise_the_level_at_once(longer_list: tuple[Path, int]) -> None:
@@ -143,8 +146,7 @@ def test_requests_that_mostly_wait_for_their_first_byte_raise_the_level_at_once(
     # (0.5 s), by about 1 / (1 - 2/3) = 3x and no further than the items of the list left; then it holds.
     root, total = longer_list
     with StoreProcess(root, Knobs(ttfb=0.2, bw=10e6)) as store:
-        urls = [store.base_url + f"shard-{i:06d}.tar" for i in range(LONGER)]
-        seen = _reasons(wds.WebDataset(urls, nodesplitter=None, workersplitter=None), total)
+        seen = _reasons(wds.WebDataset(_urls(store, LONGER), nodesplitter=None, workersplitter=None), total)
     jumps = [(t, level) for t, level, reason in seen if reason.startswith("latency-bound")]
     assert jumps, seen
     when, level = jumps[0]
