@@ -19,6 +19,13 @@ epoch: a fresh engine, and memory the process has not touched yet), its imports 
   the budget until the consumer reaches it);
 * ``fixed 128``: ``max_connections=128``.
 
+Then, as the second table, epochs through ``DataLoader(ds, batch_size=None, num_workers=2)`` over a list of 512 shards of
+64 KiB on the same store (each worker reads 256 requests that mostly wait for their first byte), four epochs per
+phase, with the DataLoader's default non-persistent workers (new processes every epoch) and with
+``persistent_workers=True``: where the workers of epoch 2 on start (the level the last epoch settled at) shows in
+the seconds per epoch. ``--tree DIR`` runs that table's phases with another checkout of ``wds_async`` first on the
+path too, for a before/after.
+
 Reported per setting: the wall time of each round, the best MB/s and its ratio to the best raw round, the CPU
 seconds of that round's process (user and system, all its threads; the store's are its own), where the concurrency
 ended, the most bytes the budget held and the peak RSS. No assertions: figures (see docs/tuning.md).
@@ -28,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -39,6 +47,8 @@ from emustore import Knobs, StoreProcess
 SHARDS, SHARD_BYTES, SAMPLE_BYTES = 256, 1 << 20, 100 << 10  # the shards of benchmarks.autotune (b)
 KNOBS = Knobs(ttfb=0.2, bw=10e6)
 RAW_LEVEL = 256
+#: The DataLoader table's list: many small requests per worker, each mostly waiting for its first byte.
+EPOCH_SHARDS, EPOCH_SHARD_BYTES = 512, 64 << 10
 
 #: setting -> the options of its phase: WebDataset keywords, and EngineConfig fields under "config"
 SETTINGS: dict[str, dict[str, Any]] = {
@@ -94,10 +104,30 @@ def _phase(urls: list[str], options: dict[str, Any]) -> dict[str, Any]:
             "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10}
 
 
-def _run(urls: list[str], options: dict[str, Any]) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "benchmarks.short_epoch", "--phase", json.dumps([urls, options])]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=str(Path(__file__).resolve().parent.parent),
-                          timeout=300)
+def _epochs(urls: list[str], persistent: bool, epochs: int = 4) -> dict[str, Any]:
+    """``epochs`` passes through a DataLoader with two workers, in this (fresh) process."""
+    import time
+
+    from torch.utils.data import DataLoader
+
+    import wds_async as wds
+
+    ds = wds.WebDataset(urls, shardshuffle=False)
+    loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=persistent)
+    walls = []
+    for _ in range(epochs):
+        started = time.perf_counter()
+        samples = sum(1 for _ in loader)
+        walls.append(time.perf_counter() - started)
+    return {"walls": walls, "samples": samples, "library": str(Path(wds.__file__).parent.parent)}
+
+
+def _run(urls: list[str], options: dict[str, Any], tree: str | None = None) -> dict[str, Any]:
+    # Run by path, not with -m: the working directory would then come first on sys.path, before ``tree``.
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [tree, str(root), os.environ.get("PYTHONPATH")])))
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--phase", json.dumps([urls, options])]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=str(root), timeout=300, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"phase {options} failed:\n{proc.stderr[-3000:]}")
     row: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -109,11 +139,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--only", nargs="*", help="settings to run besides raw (default: all)")
     parser.add_argument("--root", default="/tmp/wds-autotune-shards", help="where the shards are made (reused)")
+    parser.add_argument("--tree", action="append", default=[],
+                        help="another checkout of wds_async for the DataLoader table (repeatable; this one always runs)")
     parser.add_argument("--phase", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.phase:
         urls, options = json.loads(args.phase)
-        print(json.dumps(_phase(urls, options)))
+        if "persistent" in options:
+            print(json.dumps(_epochs(urls, options["persistent"])))
+        else:
+            print(json.dumps(_phase(urls, options)))
         return 0
     unknown = set(args.only or ()) - set(SETTINGS)
     if unknown:
@@ -141,7 +176,27 @@ def main(argv: list[str] | None = None) -> int:
                      f"{max(r['peak_rss'] for r in runs) / 1e6:>7.0f} MB")
         print(f"{name:<26}{' '.join(f'{w:.3f}' for w in walls):>22}{best['bytes'] / best['wall_s'] / 1e6:>11.0f}"
               f"{raw_best / best['wall_s']:>7.2f}{best['cpu_s']:>7.2f}{extra}")
+    _dataloader_table(Path(args.root), args.rounds, [None, *args.tree])
     return 0
+
+
+def _dataloader_table(root: Path, rounds: int, trees: list[str | None]) -> None:
+    folder = root / f"{EPOCH_SHARDS}x{EPOCH_SHARD_BYTES}"
+    make_shards(folder, n_shards=EPOCH_SHARDS, shard_bytes=EPOCH_SHARD_BYTES, sample_bytes=EPOCH_SHARD_BYTES // 4)
+    rows: dict[tuple[str | None, bool], list[dict[str, Any]]] = {}
+    with StoreProcess(folder, KNOBS) as store:
+        urls = [store.base_url + f"shard-{i:06d}.tar" for i in range(EPOCH_SHARDS)]
+        print(f"\nDataLoader(batch_size=None, num_workers=2), 4 epochs of {EPOCH_SHARDS} shards x "
+              f"{EPOCH_SHARD_BYTES >> 10} KiB on the same store, each phase a fresh process", flush=True)
+        for _ in range(rounds):
+            for tree in trees:
+                for persistent in (False, True):
+                    rows.setdefault((tree, persistent), []).append(_run(urls, {"persistent": persistent}, tree))
+    print(f"{'library':<34}{'workers':<16}seconds per epoch (epoch 1, 2, 3, 4), each round")
+    for (_tree, persistent), runs in rows.items():
+        for r in runs:
+            print(f"{r['library'][-33:]:<34}{'persistent' if persistent else 'new each epoch':<16}"
+                  + " ".join(f"{w:.3f}" for w in r["walls"]))
 
 
 if __name__ == "__main__":

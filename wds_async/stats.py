@@ -261,20 +261,35 @@ class SharedStats:
             return _noop
         return _Publisher(self._array, info.id * _WIDTH, min(info.num_workers, MAX_WORKERS), stats).stop
 
+    def learned_level(self) -> int:
+        """In a DataLoader worker: the concurrency at which the previous run in this worker's slot ended (an
+        earlier epoch's worker with the same id, in a DataLoader with as many workers), else 0. A DataLoader's
+        workers are new processes every epoch unless ``persistent_workers=True``, so a dataset's own memory of
+        where its last epoch settled stays in the worker that learned it; the slot outlives that process."""
+        info = _dataloader_worker()
+        if info is None or info.id >= MAX_WORKERS:
+            return 0
+        row = self._slot(info.id)
+        if row is None or int(row["workers"]) != min(info.num_workers, MAX_WORKERS):
+            return 0
+        return int(row["concurrency"])
+
+    def _slot(self, slot: int) -> dict[str, float] | None:
+        """One slot's last complete write, or None when it was never written (or a writer held it throughout)."""
+        base = slot * _WIDTH
+        for _ in range(100):  # a writer holds a slot for microseconds
+            seq = self._array[base]
+            row = self._array[base:base + _WIDTH]
+            if seq % 2 == 0 and row[0] == seq:
+                break
+        else:
+            return None
+        if not seq:
+            return None
+        return {"slot": slot, **dict(zip(_HEAD, row))} | dict(zip(_COUNTERS, row[len(_HEAD):]))
+
     def _slots(self) -> list[dict[str, float]]:
-        rows = []
-        for slot in range(MAX_WORKERS):
-            base = slot * _WIDTH
-            for _ in range(100):  # a writer holds a slot for microseconds
-                seq = self._array[base]
-                row = self._array[base:base + _WIDTH]
-                if seq % 2 == 0 and row[0] == seq:
-                    break
-            else:
-                continue
-            if seq:
-                rows.append({"slot": slot, **dict(zip(_HEAD, row))} | dict(zip(_COUNTERS, row[len(_HEAD):])))
-        return rows
+        return [row for row in map(self._slot, range(MAX_WORKERS)) if row is not None]
 
     def live(self) -> dict[str, Any] | None:
         """:meth:`combined` over the latest local run published here, or None when neither this process nor

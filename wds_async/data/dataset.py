@@ -310,6 +310,8 @@ class WebDataset(FluidPipeline):
         previous = self._stats_box[0]
         if previous is not None and previous.concurrency:
             self._tuned = previous.concurrency
+        elif not self._tuned and self._shared is None:  # a DataLoader worker forked for this epoch: its slot knows
+            self._tuned = self._worker_stats.learned_level()
         stats = self._shared[0].stats if self._shared is not None else Stats()
         self._stats_box[0] = stats
         todo = ep.todo()

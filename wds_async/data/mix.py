@@ -211,6 +211,8 @@ class _Mix(FluidPipeline):
         engines = []
         stats = Stats()
         self._stats_box[0] = stats
+        if not self._tuned:  # a DataLoader worker forked for this pass: where its slot's last pass settled
+            self._tuned = self._worker_stats.learned_level()
         for members in groups:
             spec = specs[members[0]]
             config = spec.config
