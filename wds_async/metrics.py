@@ -68,14 +68,16 @@ def _rank() -> str:
 
 
 def watch(source: Any, name: str) -> None:
-    """Export ``source`` under ``dataset="name"``: a dataset (``WebDataset``; replaces its number as the label)
-    or a :class:`~wds_async.stats.Stats` (exported from now on, whether or not it counted anything)."""
+    """Export ``source`` under ``dataset="name"``: a dataset (``WebDataset``, a mix or ``IndexedWebDataset``;
+    replaces its number as the label) or a :class:`~wds_async.stats.Stats` (exported from now on, whether or not it
+    counted anything)."""
     if isinstance(source, Stats):
         _watch_stats(source, name)
         return
     shared = getattr(source, "_worker_stats", None)
     if not isinstance(shared, SharedStats):
-        raise TypeError(f"watch() takes a WebDataset or a wds_async.stats.Stats, not {type(source).__name__}")
+        raise TypeError("watch() takes a WebDataset, a mix, an IndexedWebDataset or a wds_async.stats.Stats, "
+                        f"not {type(source).__name__}")
     shared.name = name
 
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import bisect
 import copy
+import multiprocessing.util
 import operator
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -53,6 +54,7 @@ from ..engine.spec import StreamSpec
 from ..index.format import ShardEntry, ShardIndex
 from ..io import import_backends, scheme_options, validate_url
 from ..node import share_config
+from ..stats import SharedStats
 from ..urls import expand_urls, redact_url, scheme_of
 from . import handlers as _handlers
 from ._torch import HAVE_TORCH
@@ -202,6 +204,7 @@ class IndexedWebDataset(_MapBase[Any]):
         self.layout = ShardLayout(self.urls, self.entries, self.counts, coalesce_bytes, self.cache,
                                   local=any(scheme_of(u) == "file" for u in self.urls))
         self._proc: ProcessReads | None = None
+        self._worker_stats = SharedStats()  # created before any DataLoader worker forks: see stats()
 
     @property
     def coalesce_bytes(self) -> int:
@@ -273,11 +276,18 @@ class IndexedWebDataset(_MapBase[Any]):
         proc = self._proc
         if proc is None or proc.pid != os.getpid():
             proc = self._proc = ProcessReads(self._spec())
+            # A DataLoader worker's counters go to its slot for stats() and the metrics of the main process: every
+            # 0.1 s, and a last time when the worker exits (a map-style dataset never learns that its epoch ended).
+            stop = self._worker_stats.publish(proc.requests.stats)
+            multiprocessing.util.Finalize(proc, stop, exitpriority=0)
         return proc
 
     def _spec(self) -> StreamSpec:
         config, _share = share_config(self.config, node_connections=self.node_connections,
                                       node_buffered_bytes=self.node_buffered_bytes, explicit=self._explicit)
+        learned = self._worker_stats.learned_level() if config.autotune else 0
+        if learned:  # a DataLoader worker new this epoch: start where the last epoch's worker settled
+            config = config.replace(start_connections=learned, early_start=False)
         return StreamSpec(config, backends=self._backends, backend_options=self._backend_options, cache=self.cache)
 
     def _fetch(self, located: Iterable[tuple[int, int]]) -> dict[tuple[int, int], Sample]:
@@ -323,9 +333,12 @@ class IndexedWebDataset(_MapBase[Any]):
         return self._fetch(located)
 
     def stats(self) -> dict[str, Any]:
-        """Counters of this process's engine (requests, bytes, retries, ...; see :class:`~wds_async.stats.Stats`)."""
+        """Counters of this process's engine (requests, bytes, retries, ...; see :class:`~wds_async.stats.Stats`).
+        In the main process, when DataLoader workers did the latest reads, their counters summed, with
+        ``workers`` (as :meth:`WebDataset.stats <wds_async.WebDataset.stats>`); inside a worker, its own."""
         proc = self._proc
-        return proc.requests.stats.snapshot() if proc is not None and proc.pid == os.getpid() else {}
+        return self._worker_stats.combined(proc.requests.stats if proc is not None and proc.pid == os.getpid()
+                                           else None)
 
     def close(self) -> None:
         """Stop this process's engine (the next read starts a new one)."""
