@@ -7,12 +7,14 @@ Real DataLoaders with two worker processes (fork and spawn) over the emulated st
 from __future__ import annotations
 
 import multiprocessing
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from torch.utils.data import DataLoader, RandomSampler, get_worker_info
+from torch.utils.data import DataLoader, RandomSampler
 
 import wds_async as wds
+from tests.torch.levels import first_levels, with_level
 from wds_async.stats import watched
 
 
@@ -48,28 +50,17 @@ def test_the_metrics_export_an_indexed_dataset_read_by_workers(indexed: Any) -> 
     assert snap["samples_delivered"] == len(ds) and snap["workers"] == 2
 
 
-def _with_level(sample: dict[str, Any]) -> tuple[int, int]:
-    """(worker id, that worker's concurrency now), read in the worker while the sample passes a ``map`` stage."""
-    info = get_worker_info()
-    assert info is not None
-    return info.id, info.dataset.stats()["concurrency"]
-
-
-def _first_levels(loader: DataLoader) -> dict[int, int]:  # type: ignore[type-arg]
-    first: dict[int, int] = {}
-    for batch in loader:
-        for worker, level in batch:
-            first.setdefault(int(worker), int(level))
-    return first
+def _tags(loader: DataLoader) -> Iterator[tuple[int, int]]:  # type: ignore[type-arg]
+    return (tag for batch in loader for tag in batch)
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_the_next_epochs_workers_start_where_the_last_ones_settled(indexed: Any, method: str) -> None:
     urls, index = indexed
-    ds = wds.IndexedWebDataset(urls, index=index, config=wds.EngineConfig(start_connections=2)).map(_with_level)
-    assert sorted(_first_levels(_loader(ds, method))) == [0, 1]
+    ds = wds.IndexedWebDataset(urls, index=index, config=wds.EngineConfig(start_connections=2)).map(with_level)
+    assert sorted(first_levels(_tags(_loader(ds, method)))) == [0, 1]
     settled = {int(row["slot"]): int(row["concurrency"]) for row in ds._worker_stats._slots()}
     assert sorted(settled) == [0, 1] and 37 not in settled.values()
     ds.config = ds.config.replace(start_connections=37)  # what a worker that learned nothing would start at
-    assert _first_levels(_loader(ds, method)) == settled
-    assert _first_levels(_loader(ds, method, workers=1)) == {0: 37}  # another number of workers: afresh
+    assert first_levels(_tags(_loader(ds, method))) == settled
+    assert first_levels(_tags(_loader(ds, method, workers=1))) == {0: 37}  # another number of workers: afresh

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from torch.utils.data import DataLoader, get_worker_info
+from torch.utils.data import DataLoader
 
 import wds_async as wds
+from tests.torch.levels import first_levels, with_level
 
 
 def _loader(ds: Any, method: str = "fork", **kw: Any) -> DataLoader:  # type: ignore[type-arg]
@@ -98,45 +99,31 @@ def test_copies_outside_a_process_start_get_their_own_counters(shard_dir: Path, 
     assert ds.stats()["samples_delivered"] == manifest["expected_samples"]
 
 
-def _with_level(sample: dict[str, Any]) -> tuple[int, int]:
-    """(worker id, that worker's concurrency now), read in the worker while the sample passes a ``map`` stage."""
-    info = get_worker_info()
-    assert info is not None
-    return info.id, info.dataset.stats()["concurrency"]
-
-
-def _first_levels(loader: DataLoader) -> dict[int, int]:  # type: ignore[type-arg]
-    first: dict[int, int] = {}
-    for worker, level in loader:
-        first.setdefault(int(worker), int(level))
-    return first
-
-
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_the_next_epochs_workers_start_where_the_last_ones_settled(store: Any, method: str) -> None:
     """Non-persistent workers are new processes every epoch: each starts at the level its slot's last run ended
     at (the autotuner's memory of a dataset across epochs), not at ``start_connections`` again."""
     ds = wds.WebDataset(store.base_url + "shard-{000000..000007}.tar",
-                        config=wds.EngineConfig(start_connections=2)).map(_with_level)
-    assert sorted(_first_levels(_loader(ds, method))) == [0, 1]
+                        config=wds.EngineConfig(start_connections=2)).map(with_level)
+    assert sorted(first_levels(_loader(ds, method))) == [0, 1]
     settled = {int(row["slot"]): int(row["concurrency"]) for row in ds._worker_stats._slots()}
     assert sorted(settled) == [0, 1] and all(level >= 1 for level in settled.values())
     ds.config = ds.config.replace(start_connections=37)  # what a worker that learned nothing would start at
     assert 37 not in settled.values()
-    assert _first_levels(_loader(ds, method)) == settled
+    assert first_levels(_loader(ds, method)) == settled
     # A DataLoader with another number of workers splits the work otherwise: it starts afresh.
     one = DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context=multiprocessing.get_context(method))
-    assert _first_levels(one) == {0: 37}
+    assert first_levels(one) == {0: 37}
 
 
 def test_a_mix_s_next_pass_in_new_workers_starts_where_the_last_settled(store: Any) -> None:
     shards = [store.base_url + f"shard-{i:06d}.tar" for i in range(8)]
     mix = wds.RandomMix([wds.WebDataset(shards[:4], config=wds.EngineConfig(start_connections=2)),
                          wds.WebDataset(shards[4:], config=wds.EngineConfig(start_connections=2))], seed=0)
-    staged = mix.map(_with_level)
-    assert sorted(_first_levels(_loader(staged))) == [0, 1]
+    staged = mix.map(with_level)
+    assert sorted(first_levels(_loader(staged))) == [0, 1]
     settled = {int(row["slot"]): int(row["concurrency"]) for row in mix._worker_stats._slots()}
     assert sorted(settled) == [0, 1] and 37 not in settled.values()
     for source in mix.datasets:
         source.config = source.config.replace(start_connections=37)
-    assert _first_levels(_loader(staged)) == settled
+    assert first_levels(_loader(staged)) == settled
