@@ -29,6 +29,10 @@ __all__ = ["new_event_loop", "run_private"]
 
 T = TypeVar("T")
 
+#: Seconds an interrupted caller waits for the helper thread to start, where the interrupt came inside
+#: ``Thread.start()``: a thread that exists starts within milliseconds; one the interrupt kept from existing never.
+START_WAIT = 5.0
+
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """uvloop's loop when installed (faster sockets and subprocesses), else asyncio's."""
@@ -69,20 +73,24 @@ class _Helper:
         self._thread = threading.Thread(target=self._main, name="wds-async-private-loop", daemon=True)
 
     def wait(self) -> Any:
-        self._thread.start()
         # An Event, not Thread.join(): on Python 3.11 a join() that an interrupt cut short marks the thread as
         # finished, and the second join() would return at once, before the cancelled work has cleaned up.
+        # start() is inside the try: an interrupt can come while it waits for the new thread's handshake, when
+        # the work may be running already.
         try:
+            self._thread.start()
             self._done.wait()
         except BaseException:  # KeyboardInterrupt or SystemExit in the caller: stop the work, then re-raise
-            self._started.wait()
-            loop, task = self._loop, self._task
-            if loop is not None and task is not None:
-                try:
-                    loop.call_soon_threadsafe(task.cancel)
-                except RuntimeError:  # the loop has just closed: nothing left to cancel
-                    pass
-            self._done.wait()
+            # Inside start() the interrupt may also have come before the thread existed: then nothing runs, and
+            # nothing ever sets _started, so its wait is bounded.
+            if self._started.wait(START_WAIT):
+                loop, task = self._loop, self._task
+                if loop is not None and task is not None:
+                    try:
+                        loop.call_soon_threadsafe(task.cancel)
+                    except RuntimeError:  # the loop has just closed: nothing left to cancel
+                        pass
+                self._done.wait()
             raise
         ok, value = self._outcome
         if ok:

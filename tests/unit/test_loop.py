@@ -115,3 +115,50 @@ def test_an_interrupt_cancels_the_coroutine_and_runs_its_cleanup(where: str) -> 
         proc.wait()
     assert out.splitlines() == ["cleaned", "interrupted"], (out, err)
     assert proc.returncode == 0, err
+
+
+_INTERRUPTED_IN_START = """
+import asyncio, sys, threading
+import wds_async._loop as private
+
+started = threading.Event()
+original = threading.Thread.start
+
+def start(self):  # the interrupt, as the signal handler would raise it inside Thread.start()
+    if self.name != "wds-async-private-loop":
+        return original(self)
+    if sys.argv[1] == "after":  # the helper thread exists and its work has begun
+        original(self)
+        started.wait()
+    raise KeyboardInterrupt
+
+threading.Thread.start = start
+private.START_WAIT = 0.2
+
+async def work():
+    try:
+        started.set()
+        print("working", flush=True)
+        await asyncio.sleep(60)
+    finally:
+        print("cleaned", flush=True)
+
+async def outer():  # a thread that runs a loop: run_private uses its helper thread
+    try:
+        private.run_private(work)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+
+asyncio.new_event_loop().run_until_complete(outer())
+"""
+
+
+@pytest.mark.parametrize("when,expected", [("after", ["working", "cleaned", "interrupted"]),
+                                           ("before", ["interrupted"])])
+def test_an_interrupt_inside_the_helper_thread_s_start(when: str, expected: list[str]) -> None:
+    """An interrupt while ``Thread.start()`` waits for the new thread: the work that began is cancelled and cleaned
+    up before the interrupt propagates; one that came before the thread existed propagates at once."""
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_INTERRUPTED_IN_START), when], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.stdout.splitlines() == expected, (proc.stdout, proc.stderr)
+    assert proc.returncode == 0, proc.stderr
