@@ -24,7 +24,7 @@ from collections.abc import Callable, Coroutine
 from typing import IO, Any
 from urllib.parse import urlparse
 
-from .._loop import new_event_loop
+from .._loop import START_WAIT, new_event_loop
 from ..backends.file import local_path
 from ..config import EngineConfig
 from ..errors import UrlError
@@ -56,8 +56,18 @@ class _LoopThread:
 
     def __init__(self) -> None:
         self.loop = new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="wds-async-gopen", daemon=True)
-        self._thread.start()
+        self._running = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="wds-async-gopen", daemon=True)
+        try:
+            self._thread.start()
+        except BaseException:  # an interrupt inside start(): the thread may run already (or never will)
+            if self._running.wait(START_WAIT):
+                self.stop()
+            raise
+
+    def _run(self) -> None:
+        self._running.set()
+        self.loop.run_forever()
 
     def call(self, coro: Coroutine[Any, Any, Any]) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
