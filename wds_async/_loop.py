@@ -21,17 +21,33 @@ another thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 __all__ = ["new_event_loop", "run_private"]
 
 T = TypeVar("T")
 
-#: Seconds an interrupted caller waits for the helper thread to start, where the interrupt came inside
-#: ``Thread.start()``: a thread that exists starts within milliseconds; one the interrupt kept from existing never.
+#: Seconds an interrupted caller waits for a thread it was starting to signal that it runs, where the interrupt came
+#: inside ``Thread.start()``: a thread that exists does within milliseconds; one the interrupt kept from existing never.
 START_WAIT = 5.0
+
+
+@contextlib.contextmanager
+def stopped_if_interrupted(running: threading.Event, stop: Callable[[], None]) -> Iterator[None]:
+    """Around the start of a thread (``Thread.start()`` and any wait for it): where an interrupt (or any exception)
+    comes, ``stop()`` what the thread started before it propagates. ``Thread.start()`` itself waits for the new
+    thread's handshake, so the thread may already be at work when the interrupt comes there, or, earlier, never
+    exist: ``running`` (set by the thread) is waited for at most :data:`START_WAIT` seconds, and ``stop()`` runs
+    only where it was set."""
+    try:
+        yield
+    except BaseException:
+        if running.wait(START_WAIT):
+            stop()
+        raise
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -75,27 +91,24 @@ class _Helper:
     def wait(self) -> Any:
         # An Event, not Thread.join(): on Python 3.11 a join() that an interrupt cut short marks the thread as
         # finished, and the second join() would return at once, before the cancelled work has cleaned up.
-        # start() is inside the try: an interrupt can come while it waits for the new thread's handshake, when
-        # the work may be running already.
-        try:
+        # KeyboardInterrupt or SystemExit in the caller, inside start() too: stop the work, then re-raise.
+        with stopped_if_interrupted(self._started, self._cancel):
             self._thread.start()
             self._done.wait()
-        except BaseException:  # KeyboardInterrupt or SystemExit in the caller: stop the work, then re-raise
-            # Inside start() the interrupt may also have come before the thread existed: then nothing runs, and
-            # nothing ever sets _started, so its wait is bounded.
-            if self._started.wait(START_WAIT):
-                loop, task = self._loop, self._task
-                if loop is not None and task is not None:
-                    try:
-                        loop.call_soon_threadsafe(task.cancel)
-                    except RuntimeError:  # the loop has just closed: nothing left to cancel
-                        pass
-                self._done.wait()
-            raise
         ok, value = self._outcome
         if ok:
             return value
         raise value
+
+    def _cancel(self) -> None:
+        """Cancel the work and wait until it has cleaned up."""
+        loop, task = self._loop, self._task
+        if loop is not None and task is not None:
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:  # the loop has just closed: nothing left to cancel
+                pass
+        self._done.wait()
 
     async def _run(self) -> Any:
         self._loop, self._task = asyncio.get_running_loop(), asyncio.current_task()

@@ -14,9 +14,9 @@ import pytest
 _CHILD = """
 import sys, threading
 import wds_async as wds
-import wds_async.engine.bridge
+import wds_async._loop
 
-wds_async.engine.bridge.START_WAIT = 0.2  # the bound on waiting for a thread the interrupt kept from existing
+wds_async._loop.START_WAIT = 0.2  # the bound on waiting for a thread the interrupt kept from existing
 
 started = threading.Event()
 original = threading.Thread.start
@@ -52,7 +52,7 @@ import sys, threading
 import wds_async._loop
 import wds_async.compat.gopen as g
 
-g.START_WAIT = 0.2  # the bound on waiting for a thread the interrupt kept from existing
+wds_async._loop.START_WAIT = 0.2  # the bound on waiting for a thread the interrupt kept from existing
 original = threading.Thread.start
 
 def start(self):  # the interrupt, as the signal handler would raise it inside Thread.start()

@@ -24,7 +24,7 @@ from collections.abc import Callable, Coroutine
 from typing import IO, Any
 from urllib.parse import urlparse
 
-from .._loop import START_WAIT, new_event_loop
+from .._loop import new_event_loop, stopped_if_interrupted
 from ..backends.file import local_path
 from ..config import EngineConfig
 from ..errors import UrlError
@@ -58,12 +58,8 @@ class _LoopThread:
         self.loop = new_event_loop()
         self._running = threading.Event()
         self._thread = threading.Thread(target=self._run, name="wds-async-gopen", daemon=True)
-        try:
+        with stopped_if_interrupted(self._running, self.stop):
             self._thread.start()
-        except BaseException:  # an interrupt inside start(): the thread may run already (or never will)
-            if self._running.wait(START_WAIT):
-                self.stop()
-            raise
 
     def _run(self) -> None:
         self._running.set()

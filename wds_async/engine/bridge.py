@@ -36,7 +36,7 @@ from asyncio import TaskGroup
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from .._loop import START_WAIT, new_event_loop
+from .._loop import new_event_loop, stopped_if_interrupted
 from ..cache.source import source_for
 from ..errors import EngineError
 from ..io import BackendSet
@@ -86,15 +86,9 @@ class Bridge:
     # -- loop thread ---------------------------------------------------------------------------
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="wds-async-engine", daemon=True)
-        try:
+        with stopped_if_interrupted(self._ready, self.close):  # an interrupt here: not a loop thread left running
             self._thread.start()
             self._ready.wait()
-        except BaseException:  # an interrupt while the engine starts: stop it rather than leave its thread running
-            # The interrupt may have come inside Thread.start() before the thread existed: nothing to stop then,
-            # and nothing ever sets _ready, so that wait is bounded.
-            if self._ready.wait(START_WAIT):
-                self.close()
-            raise
         if self._startup_error is not None:
             raise translate(self._startup_error)
 
