@@ -15,68 +15,48 @@ _CHILD = """
 import sys, threading
 import wds_async as wds
 import wds_async._loop
+from wds_async.compat.gopen import gopen
 
+url, thread, when = sys.argv[1:]
 wds_async._loop.START_WAIT = 0.2  # the bound on waiting for a thread the interrupt kept from existing
-
-started = threading.Event()
 original = threading.Thread.start
 
 def start(self):  # the interrupt, as the signal handler would raise it inside Thread.start()
-    if self.name != "wds-async-engine":
+    if self.name != thread:
         return original(self)
-    if sys.argv[2] == "after":  # the engine's thread exists and runs
+    if when == "after":  # the thread exists and runs
         original(self)
     raise KeyboardInterrupt
 
+def use():  # what starts the thread: the engine at a dataset's first sample, gopen's loop at the open
+    if thread == "wds-async-engine":
+        return sum(1 for _ in wds.WebDataset(url))
+    with gopen(url) as f:
+        return len(f.read())
+
 threading.Thread.start = start
 try:
-    next(iter(wds.WebDataset(sys.argv[1])))
+    use()
 except KeyboardInterrupt:
     print("interrupted", flush=True)
 threading.Thread.start = original
-print(sorted(t.name for t in threading.enumerate() if t.name.startswith("wds-async-engine")), flush=True)
-print(sum(1 for _ in wds.WebDataset(sys.argv[1])) > 0, flush=True)  # the next iteration works
+print(sorted(t.name for t in threading.enumerate() if t.name == thread), flush=True)
+print(use() > 0, flush=True)  # the next use works
 """
+
+
+def _interrupted(url: str, thread: str, when: str) -> None:
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_CHILD), url, thread, when], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.stdout.splitlines() == ["interrupted", "[]", "True"], (proc.stdout, proc.stderr)
+    assert proc.returncode == 0, proc.stderr
 
 
 @pytest.mark.parametrize("when", ["after", "before"])
 def test_an_interrupt_while_the_engine_starts_stops_it(shard_dir: Path, when: str) -> None:
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_CHILD), str(shard_dir / "shard-000000.tar"), when],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.stdout.splitlines() == ["interrupted", "[]", "True"], (proc.stdout, proc.stderr)
-    assert proc.returncode == 0, proc.stderr
-
-
-_GOPEN_CHILD = """
-import sys, threading
-import wds_async._loop
-import wds_async.compat.gopen as g
-
-wds_async._loop.START_WAIT = 0.2  # the bound on waiting for a thread the interrupt kept from existing
-original = threading.Thread.start
-
-def start(self):  # the interrupt, as the signal handler would raise it inside Thread.start()
-    if self.name != "wds-async-gopen":
-        return original(self)
-    if sys.argv[2] == "after":  # the loop's thread exists and runs
-        original(self)
-    raise KeyboardInterrupt
-
-threading.Thread.start = start
-try:
-    g.gopen(sys.argv[1])
-except KeyboardInterrupt:
-    print("interrupted", flush=True)
-threading.Thread.start = original
-print(sorted(t.name for t in threading.enumerate() if t.name.startswith("wds-async-gopen")), flush=True)
-with g.gopen(sys.argv[1]) as f:
-    print(len(f.read()) > 0, flush=True)  # the next open works
-"""
+    _interrupted(str(shard_dir / "shard-000000.tar"), "wds-async-engine", when)
 
 
 @pytest.mark.parametrize("when", ["after", "before"])
 def test_an_interrupt_while_gopen_starts_its_loop_stops_it(store: Any, when: str) -> None:
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_GOPEN_CHILD), store.url("shard-000000.tar"), when],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.stdout.splitlines() == ["interrupted", "[]", "True"], (proc.stdout, proc.stderr)
-    assert proc.returncode == 0, proc.stderr
+    _interrupted(store.url("shard-000000.tar"), "wds-async-gopen", when)
