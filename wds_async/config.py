@@ -237,6 +237,14 @@ class EngineConfig:
         """A copy with ``changes`` applied (and validated)."""
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
+    def starting_at(self, level: int) -> EngineConfig:
+        """This config for reads that start where an earlier run of them settled (a dataset's next epoch, a
+        DataLoader worker after the last epoch's): the autotuner starts at ``level`` with no start-up check. Itself
+        where the concurrency is fixed or ``level`` is 0 (nothing learned)."""
+        if not (self.autotune and level > 0):
+            return self
+        return self.replace(start_connections=level, early_start=False)
+
     @property
     def handoff_bytes(self) -> int:
         """Bytes per hand-off: at most an eighth of the budget so the batch in hand stays small."""

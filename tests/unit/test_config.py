@@ -77,6 +77,15 @@ def test_replace_validates_too() -> None:
         EngineConfig().replace(part_bytes=1)
 
 
+def test_starting_at_a_learned_level_only_where_the_concurrency_is_autotuned() -> None:
+    auto = EngineConfig()
+    learned = auto.starting_at(48)
+    assert (learned.start_connections, learned.early_start, learned.first_connections) == (48, False, 48)
+    assert auto.starting_at(0) is auto  # nothing learned
+    fixed = EngineConfig(max_connections=8)
+    assert fixed.starting_at(48) is fixed and fixed.first_connections == 8
+
+
 def test_webdataset_options_reach_the_same_check() -> None:
     # the probe: part_bytes=1 grew to a MemoryError; now it is refused before anything is read
     with pytest.raises(ValueError, match=r"EngineConfig\.part_bytes=1 is out of range.*32 KiB.*pass 0"):

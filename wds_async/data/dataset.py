@@ -247,8 +247,7 @@ class WebDataset(FluidPipeline):
         """How this process reads now: the spec for an engine, and this process's share of the node."""
         config, share = share_config(self.config, node_connections=self.node_connections,
                                      node_buffered_bytes=self.node_buffered_bytes, explicit=self._explicit)
-        if config.autotune and self._tuned:  # a new epoch starts where the last one's autotuner settled
-            config = config.replace(start_connections=self._tuned, early_start=False)
+        config = config.starting_at(self._tuned)  # a new epoch starts where the last one's autotuner settled
         path = self._service_path()
         settings = service_settings(config, share.processes, self._explicit) if path is not None else None
         spec = StreamSpec(config, self.handler, self.select_files, self.rename_files, backends=self._backends,

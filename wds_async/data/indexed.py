@@ -285,9 +285,8 @@ class IndexedWebDataset(_MapBase[Any]):
     def _spec(self) -> StreamSpec:
         config, _share = share_config(self.config, node_connections=self.node_connections,
                                       node_buffered_bytes=self.node_buffered_bytes, explicit=self._explicit)
-        learned = self._worker_stats.learned_level() if config.autotune else 0
-        if learned:  # a DataLoader worker new this epoch: start where the last epoch's worker settled
-            config = config.replace(start_connections=learned, early_start=False)
+        # A DataLoader worker new this epoch starts where the last epoch's worker settled.
+        config = config.starting_at(self._worker_stats.learned_level())
         return StreamSpec(config, backends=self._backends, backend_options=self._backend_options, cache=self.cache)
 
     def _fetch(self, located: Iterable[tuple[int, int]]) -> dict[tuple[int, int], Sample]:

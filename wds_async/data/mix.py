@@ -215,10 +215,7 @@ class _Mix(FluidPipeline):
             self._tuned = self._worker_stats.learned_level()
         for members in groups:
             spec = specs[members[0]]
-            config = spec.config
-            if config.autotune and self._tuned:
-                config = config.replace(start_connections=self._tuned, early_start=False)
-            engine = SharedEngine(StreamSpec(config, spec.handler, spec.select_files, spec.rename_files,
+            engine = SharedEngine(StreamSpec(spec.config.starting_at(self._tuned), spec.handler, spec.select_files, spec.rename_files,
                                              backends=spec.backends, backend_options=spec.backend_options,
                                              cache=spec.cache, log_interval=spec.log_interval,
                                              routes=tuple(specs[i] for i in members)),
