@@ -6,7 +6,12 @@
 Each run is a fresh subprocess reading the same shards through ``DataLoader(batch_size=64, num_workers=2)``:
 
 * ``stream``: ``WebDataset(urls)`` in shard order (the workers split the shards);
-* ``indexed``: ``IndexedWebDataset(urls, index=...)`` with ``RandomSampler`` (one seeded permutation);
+* ``indexed``: ``IndexedWebDataset(urls, index=...)`` with ``RandomSampler`` (one seeded permutation); forked
+  workers read ahead along it (:mod:`wds_async.data.inherited`);
+* ``unseeded``: the same with ``RandomSampler(ds)``, drawn from torch's global generator, as users write it;
+* ``oneatatime``: ``indexed`` with ``readahead=0``: each worker reads one batch at a time, as it does where it
+  inherits nothing of the sampler (``spawn`` workers, a persistent worker after its first epoch), and as
+  ``indexed`` did before forked workers read ahead;
 * ``ahead``: the same with ``BlockShuffleSampler(ds, block_size=1)``, a uniform shuffle the dataset follows: each
   worker keeps its next batches in flight (``readahead``, default 2) while the DataLoader uses the current one;
 * ``block``: ``BlockShuffleSampler(block_size=16)`` (read ahead too);
@@ -133,10 +138,12 @@ def run(ds, sampler, epochs=1):
 if mode == "stream":
     ds = wds.WebDataset(urls)
     result = run(ds, None)
-elif mode in ("indexed", "block", "ahead"):
-    ds = wds.IndexedWebDataset(urls, index=index)
-    if mode == "indexed":
+elif mode in ("indexed", "unseeded", "oneatatime", "block", "ahead"):
+    ds = wds.IndexedWebDataset(urls, index=index, readahead=0 if mode == "oneatatime" else 2)
+    if mode in ("indexed", "oneatatime"):
         sampler = order(len(ds))
+    elif mode == "unseeded":
+        sampler = RandomSampler(ds)
     else:  # the sampler registers with the dataset, whose workers then read ahead along its order
         sampler = wds.BlockShuffleSampler(ds, block_size=16 if mode == "block" else 1, seed=1)
     result = run(ds, sampler)
@@ -212,7 +219,7 @@ def make_data(root: Path, shards: int, samples: int, sample_bytes: int) -> tuple
 
 def _line(name: str, r: dict[str, float]) -> str:
     rate = r["samples"] / r["wall_s"]
-    return (f"{name:8s} {r['samples']:6.0f} samples {r['wall_s']:7.2f} s {rate:8.0f} samples/s "
+    return (f"{name:10s} {r['samples']:6.0f} samples {r['wall_s']:7.2f} s {rate:8.0f} samples/s "
             f"{1e6 * r['cpu_s'] / r['samples']:7.0f} us CPU/sample" + (
                 f" (store {1e6 * r['store_cpu_s'] / r['samples']:4.0f})" if "store_cpu_s" in r else "") + (
                 f"  store {r['store_mb']:.1f} MB" if "store_mb" in r else ""))
@@ -227,8 +234,8 @@ def main() -> None:
     parser.add_argument("--bw", type=float, default=20e6)
     parser.add_argument("--wids", type=int, default=1, help="run wids (1) or not (0)")
     parser.add_argument("--wids-lru", type=int, default=10, help="wids' lru_size (its default: 10)")
-    parser.add_argument("--modes", default="stream,indexed,ahead,block,raw",
-                        help="which of stream, indexed, ahead, block, raw, rawh1 to run")
+    parser.add_argument("--modes", default="stream,indexed,unseeded,oneatatime,ahead,block,raw",
+                        help="which of stream, indexed, unseeded, oneatatime, ahead, block, raw, rawh1 to run")
     parser.add_argument("--cached", type=int, default=1, help="run the two cached epochs (1) or not (0)")
     parser.add_argument("--dir", default=None, help="where the shards live (default: a temporary folder)")
     args = parser.parse_args()
@@ -265,12 +272,12 @@ def main() -> None:
             def rate(mode: str) -> float:
                 return statistics.median(r["samples"] / r["wall_s"] for r in results[mode])
 
-            ratios = [f"{mode}/stream {rate(mode) / rate('stream'):.2f}x" for mode in ("indexed", "ahead", "block", "raw", "rawh1")
+            ratios = [f"{mode}/stream {rate(mode) / rate('stream'):.2f}x" for mode in ("indexed", "unseeded", "oneatatime", "ahead", "block", "raw", "rawh1")
                       if mode in results and "stream" in results]
             for floor in ("raw", "rawh1"):
                 if floor in results and "indexed" in results:
                     ratios.append(f"indexed/{floor} {rate('indexed') / rate(floor):.2f}x")
-            for mode in ("indexed", "ahead"):
+            for mode in ("indexed", "unseeded", "oneatatime", "ahead"):
                 if "wids" in results and mode in results:
                     ratios.append(f"{mode}/wids {rate(mode) / rate('wids'):.1f}x")
             print("   ".join(ratios))

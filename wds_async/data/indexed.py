@@ -58,6 +58,7 @@ from ..stats import SharedStats
 from ..urls import expand_urls, redact_url, scheme_of
 from . import handlers as _handlers
 from ._torch import HAVE_TORCH
+from .inherited import inherited_order, watch_forks
 from .readahead import Ahead
 from .reads import ProcessReads, ShardLayout
 from .stages import factories as _f
@@ -297,16 +298,19 @@ class IndexedWebDataset(_MapBase[Any]):
     def _read(self, indices: Sequence[int], located: list[tuple[int, int]]) -> dict[tuple[int, int], Sample]:
         """The batch ``indices``, with the next batches of this process started first where the order is known."""
         proc = self._process()
-        if self._order is None or not self.readahead or self.cache is not None or (
+        order = self._order if self._order is not None else inherited_order(self)
+        if order is None or not self.readahead or self.cache is not None or (
                 self.index is None and None in self.entries):  # only a dataset without an index has shards to learn
             return self._fetch(located)  # no order to follow; whole-shard reads (cache, no index) are not guessed
         with proc.ahead_lock:  # the bookkeeping of one batch at a time (a DataLoader worker has one thread anyway)
             ahead = proc.ahead
-            if ahead is None or ahead.sampler is not self._order:
+            if ahead is None or ahead.sampler is not order:
                 proc.drop_ahead()
-                ahead = proc.ahead = Ahead(self._order, workers=worker_info()[1], depth=self.readahead)
+                ahead = proc.ahead = Ahead(order, workers=worker_info()[1], depth=self.readahead)
             key = ahead.place(indices)
             planned = proc.pending.pop(key, None) if key is not None else None
+            if planned is not None:
+                proc.requests.stats.batches_read_ahead += 1
             proc.drop_ahead(keep_after=key)  # guesses before this batch (or off the order) will not be asked for
             if planned is None:
                 planned = self.layout.plan(proc, located)
@@ -407,3 +411,6 @@ class IndexedWebDataset(_MapBase[Any]):
 
 def _call(data: Iterable[Any], fn: Callable[[Iterable[Any]], Iterator[Any]]) -> Iterator[Any]:
     return fn(data)
+
+
+watch_forks(IndexedWebDataset)  # forked DataLoader workers read ahead along RandomSampler's order too

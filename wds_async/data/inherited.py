@@ -1,0 +1,162 @@
+"""The order of the DataLoader's own sampler, as a forked worker inherits it: read ahead with ``RandomSampler``.
+
+torch's DataLoader draws its sampler's order in the main process and hands each worker one batch of indices at a
+time, so a map-style dataset whose sampler it does not know (:meth:`~wds_async.IndexedWebDataset.follow`) reads one
+batch at a time and every batch pays the store's time to first byte. A worker started with ``fork`` (the default on
+Linux) is a copy of the main process taken *inside* ``iter(loader)``, before the main process has drawn a single
+index of the epoch: its memory holds the loader's iterator, that iterator's batch sampler and the random states the
+sampler is about to draw from. torch's worker loop reseeds the worker's generators right after the fork, so they
+are saved earlier, by a fork hook (:func:`os.register_at_fork`) that runs in the new process before anything else.
+
+:class:`InheritedOrder` replays the sampler there on copies of those states (``torch``'s, ``random``'s and
+numpy's global generators, and a copy of the sampler's own ``generator``), which gives the sequence the main process
+draws for that epoch: ``RandomSampler``, ``SubsetRandomSampler``, ``WeightedRandomSampler``, ``DistributedSampler``
+and samplers of a fixed order alike. The worker's own generators are left as torch seeded them.
+
+What it needs, and what happens otherwise (each case reads one batch at a time, as before; none loses a sample):
+
+* the ``fork`` start method: a ``spawn`` or ``forkserver`` worker starts from a pickle, which holds no state of
+  the main process's generators;
+* torch's ``BatchSampler`` (``batch_size=`` given to the DataLoader, or ``batch_sampler=BatchSampler(...)``); a
+  batch sampler of another kind has its own order of batches;
+* the dataset given to the DataLoader is the ``IndexedWebDataset`` itself (a ``Subset`` of it maps its indices);
+* a worker's first epoch only: a persistent worker (``persistent_workers=True``) does not see the main process's
+  generators move on, so from its second epoch on its batches are not found in the replayed order;
+* nothing drawn from the main process's global generators between the fork and the sampler's first index (torch
+  draws none there; a pin-memory or user thread that draws from them then makes the replay differ).
+
+A replay that differs from what the main process drew costs nothing but the work of replaying it: the dataset reads
+ahead only when the batch it was handed is exactly the one at the position found (:mod:`wds_async.data.readahead`).
+
+Cost: one walk up the stack of a forked child (a few dozen code-object comparisons), only where torch's DataLoader
+module is loaded; in a worker, the sampler iterated once per process and epoch (``RandomSampler`` builds a Python
+list of its indices: about 36 bytes per sample while it runs), and the order kept as :class:`Ahead` keeps it.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import random
+import sys
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+__all__ = ["InheritedOrder", "inherited_order"]
+
+
+@dataclass
+class _Inherited:
+    """What a forked DataLoader worker found of its loader at the fork."""
+
+    dataset: Any
+    batch_sampler: Any
+    torch_state: Any
+    random_state: Any
+    numpy_state: Any
+    order: InheritedOrder | None = None
+
+
+_inherited: _Inherited | None = None
+_STACK_DEPTH = 64  # frames looked through above the fork (torch's iterator is about ten frames up)
+
+
+class InheritedOrder:
+    """The sampler's order of the epoch the worker was forked in (see the module docstring). Iterating gives that
+    sequence; with ``epoch`` set to anything but 0 (the next epochs, which :class:`~wds_async.data.readahead.Ahead`
+    also looks in), an empty one."""
+
+    def __init__(self, sampler: Any, torch_state: Any, random_state: Any, numpy_state: Any) -> None:
+        self.sampler = sampler
+        self.epoch = 0
+        self._states = (torch_state, random_state, numpy_state)
+
+    def __iter__(self) -> Any:
+        if self.epoch != 0:
+            return iter(())
+        import torch
+
+        torch_state, random_state, numpy_state = self._states
+        sampler = copy.copy(self.sampler)
+        own = getattr(sampler, "generator", None)
+        if isinstance(own, torch.Generator):  # a copy: the worker's generator stays where the fork left it
+            twin = torch.Generator(device=own.device)
+            twin.set_state(own.get_state())
+            sampler.generator = twin
+        np = sys.modules.get("numpy")
+        saved = (torch.get_rng_state(), random.getstate(), np.random.get_state() if np is not None else None)
+        try:
+            torch.set_rng_state(torch_state)
+            random.setstate(random_state)
+            if np is not None and numpy_state is not None:
+                np.random.set_state(numpy_state)
+            return iter(list(iter(sampler)))
+        finally:
+            torch.set_rng_state(saved[0])
+            random.setstate(saved[1])
+            if np is not None and saved[2] is not None:
+                np.random.set_state(saved[2])
+
+
+def inherited_order(dataset: Any) -> InheritedOrder | None:
+    """The order this process inherited for ``dataset`` at its fork as a DataLoader worker, or None (see the module
+    docstring for when)."""
+    found = _inherited
+    if found is None or found.dataset is not dataset:
+        return None
+    if found.order is None:
+        found.order = InheritedOrder(found.batch_sampler.sampler, found.torch_state, found.random_state,
+                                     found.numpy_state)
+    return found.order
+
+
+def _after_fork(kinds: tuple[type, ...]) -> None:
+    """In a forked child: find torch's multi-process DataLoader iterator on the stack, and keep its batch sampler
+    and the global generators' states where its dataset is one of ``kinds``."""
+    global _inherited
+    _inherited = None
+    module = sys.modules.get("torch.utils.data.dataloader")
+    if module is None:
+        return
+    iterator_kind = getattr(module, "_MultiProcessingDataLoaderIter", None)
+    batch_kind = getattr(sys.modules.get("torch.utils.data.sampler"), "BatchSampler", None)
+    init = getattr(getattr(iterator_kind, "__init__", None), "__code__", None)
+    if init is None or batch_kind is None:
+        return
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(_STACK_DEPTH):
+        if frame is None:
+            return
+        if frame.f_code is init:
+            break
+        frame = frame.f_back
+    else:
+        return
+    if frame is None:
+        return
+    loader = frame.f_locals.get("self")
+    dataset = getattr(loader, "_dataset", None)
+    batch_sampler = getattr(loader, "_index_sampler", None)
+    if (not isinstance(dataset, kinds) or not getattr(loader, "_auto_collation", False)
+            or getattr(type(batch_sampler), "__iter__", None) is not batch_kind.__iter__):
+        return
+    import torch
+
+    np = sys.modules.get("numpy")
+    _inherited = _Inherited(dataset, batch_sampler, torch.get_rng_state(), random.getstate(),
+                            np.random.get_state() if np is not None else None)
+
+
+def _hook(kinds: tuple[type, ...]) -> None:
+    global _inherited
+    try:
+        _after_fork(kinds)
+    except Exception:  # a fork hook must not fail the fork: the worker then reads one batch at a time
+        _inherited = None
+
+
+def watch_forks(*kinds: type) -> None:
+    """Keep, in every forked DataLoader worker whose dataset is one of ``kinds``, what :func:`inherited_order`
+    needs. Call once per kind of dataset (an import-time call)."""
+    os.register_at_fork(after_in_child=lambda: _hook(kinds))
