@@ -16,10 +16,12 @@ streaming. Every sample returned is checked to be the one asked for (its key and
 
 Reading ahead: torch's DataLoader hands a worker's dataset one batch of indices at a time (the batches queued for
 the worker are out of its sight), so each batch would pay the store's time to first byte in turn. Where the dataset
-follows its sampler (:meth:`follow`, which :class:`~wds_async.BlockShuffleSampler` calls), each process finds where
-a batch lies in the sampler's order and starts its next ``readahead`` batches at once
-(:mod:`wds_async.data.readahead`); a guess that misses is dropped, and an error of a batch read ahead is raised only
-when that batch is asked for.
+knows its sampler's order, each process finds where a batch lies in it and starts its next ``readahead`` batches at
+once (:mod:`wds_async.data.readahead`): a sampler it follows (:meth:`follow`, which
+:class:`~wds_async.BlockShuffleSampler` calls), or else, in a forked DataLoader worker, the DataLoader's own sampler
+replayed from what the worker inherited at the fork (:mod:`wds_async.data.inherited`: ``RandomSampler`` and the rest
+of torch's samplers). A guess that misses is dropped, and an error of a batch read ahead is raised only when that
+batch is asked for.
 
 Processes: nothing runs at construction but loading and matching the index. The engine (a loop thread and its
 connections) starts on the first read in each process, with this process's share of the node budgets
@@ -117,8 +119,9 @@ class IndexedWebDataset(_MapBase[Any]):
             index's identity is checked against the copy instead).
         node_connections: node-wide connection budget divided among the local loader processes.
         node_buffered_bytes: node-wide byte budget, divided the same way.
-        readahead: batches each process reads ahead along the order of the sampler it follows (:meth:`follow`;
-            :class:`~wds_async.BlockShuffleSampler` registers itself); 0 reads each batch only when asked.
+        readahead: batches each process reads ahead along its sampler's order: one it follows (:meth:`follow`;
+            :class:`~wds_async.BlockShuffleSampler` registers itself), or in a forked DataLoader worker torch's own
+            (``RandomSampler``, ...); 0 reads each batch only when asked.
     """
 
     def __init__(
