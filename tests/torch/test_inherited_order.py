@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
+from torch.utils.data import (DataLoader, DistributedSampler, RandomSampler, SequentialSampler, SubsetRandomSampler,
+                              WeightedRandomSampler)
 
 import wds_async as wds
 
@@ -64,6 +65,18 @@ def test_a_sequential_sampler_is_read_ahead_too(indexed: Any) -> None:
     urls, index, streamed = indexed
     ds = wds.IndexedWebDataset(urls, index=index)
     assert [s["__key__"] for batch in _loader(ds, SequentialSampler(ds)) for s in batch] == sorted(streamed)
+    assert ds.stats()["batches_read_ahead"] == _batches(ds) - 2
+
+
+@pytest.mark.parametrize("kind", ["subset", "weighted", "distributed"])
+def test_torch_s_other_samplers_are_read_ahead(indexed: Any, kind: str) -> None:
+    urls, index, streamed = indexed
+    ds = wds.IndexedWebDataset(urls, index=index)
+    n = len(ds)
+    sampler = {"subset": lambda: SubsetRandomSampler(range(n)),  # the global generator, drawn without a seed
+               "weighted": lambda: WeightedRandomSampler([1.0] * n, n, replacement=False),
+               "distributed": lambda: DistributedSampler(ds, num_replicas=1, rank=0, seed=5)}[kind]()
+    assert sorted(s["__key__"] for batch in _loader(ds, sampler) for s in batch) == sorted(streamed)
     assert ds.stats()["batches_read_ahead"] == _batches(ds) - 2
 
 
