@@ -13,8 +13,14 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils.data import (DataLoader, DistributedSampler, RandomSampler, SequentialSampler, SubsetRandomSampler,
-                              WeightedRandomSampler)
+from torch.utils.data import (
+    DataLoader,
+    DistributedSampler,
+    RandomSampler,
+    SequentialSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+)
 
 import wds_async as wds
 
