@@ -131,3 +131,27 @@ def test_a_subset_of_the_dataset_is_read_one_batch_at_a_time(indexed: Any) -> No
     seen = [s["__key__"] for batch in _loader(part, RandomSampler(part)) for s in batch]
     assert sorted(seen) == sorted(streamed)[::2]
     assert ds.stats()["batches_read_ahead"] == 0  # its indices are the Subset's, not the dataset's
+
+
+def test_statefuldataloader_workers_read_ahead_and_resume_exactly(indexed: Any) -> None:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    urls, index, streamed = indexed
+    ds = wds.IndexedWebDataset(urls, index=index)
+
+    def loader() -> StatefulDataLoader:  # type: ignore[type-arg]
+        return StatefulDataLoader(ds, batch_size=BATCH, num_workers=2, collate_fn=list, shuffle=True,
+                                  generator=torch.Generator().manual_seed(21))
+
+    whole = [s["__key__"] for batch in loader() for s in batch]
+    assert sorted(whole) == sorted(streamed)
+    assert ds.stats()["batches_read_ahead"] == _batches(ds) - 2  # torchdata's iterator and samplers are torch's kind
+
+    first = loader()
+    it = iter(first)
+    before = [s["__key__"] for _ in range(5) for s in next(it)]
+    state = first.state_dict()
+    del it, first
+    again = loader()
+    again.load_state_dict(state)
+    assert before + [s["__key__"] for batch in again for s in batch] == whole

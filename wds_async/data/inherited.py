@@ -10,15 +10,17 @@ are saved earlier, by a fork hook (:func:`os.register_at_fork`) that runs in the
 
 :class:`InheritedOrder` replays the sampler there on copies of those states (``torch``'s, ``random``'s and
 numpy's global generators, and a copy of the sampler's own ``generator``), which gives the sequence the main process
-draws for that epoch: ``RandomSampler``, ``SubsetRandomSampler``, ``WeightedRandomSampler``, ``DistributedSampler``
-and samplers of a fixed order alike. The worker's own generators are left as torch seeded them.
+draws for that epoch: ``RandomSampler``, ``SubsetRandomSampler``, ``WeightedRandomSampler``, ``DistributedSampler``,
+samplers of a fixed order, and ``StatefulDataLoader(shuffle=True)``'s own alike. The worker's own generators are
+left as torch seeded them.
 
 What it needs, and what happens otherwise (each case reads one batch at a time, as before; none loses a sample):
 
 * the ``fork`` start method: a ``spawn`` or ``forkserver`` worker starts from a pickle, which holds no state of
   the main process's generators;
-* torch's ``BatchSampler`` (``batch_size=`` given to the DataLoader, or ``batch_sampler=BatchSampler(...)``); a
-  batch sampler of another kind has its own order of batches;
+* torch's ``BatchSampler`` or a subclass of it (``batch_size=`` given to the DataLoader, ``batch_sampler=
+  BatchSampler(...)``, torchdata's ``StatefulDataLoader``, whose iterator and samplers are built on torch's); a batch
+  sampler of another kind has its own order of batches;
 * the dataset given to the DataLoader is the ``IndexedWebDataset`` itself (a ``Subset`` of it maps its indices);
 * a worker's first epoch only: a persistent worker (``persistent_workers=True``) does not see the main process's
   generators move on, so from its second epoch on its batches are not found in the replayed order;
@@ -28,8 +30,8 @@ What it needs, and what happens otherwise (each case reads one batch at a time, 
 A replay that differs from what the main process drew costs nothing but the work of replaying it: the dataset reads
 ahead only when the batch it was handed is exactly the one at the position found (:mod:`wds_async.data.readahead`).
 
-Cost: one walk up the stack of a forked child (a few dozen code-object comparisons), only where torch's DataLoader
-module is loaded; in a worker, the sampler iterated once per process and epoch (``RandomSampler`` builds a Python
+Cost: one walk up the stack of a forked child (at most 64 frames, reading the locals of those named ``__init__``),
+only where torch's DataLoader module is loaded; in a worker, the sampler iterated once per process and epoch (``RandomSampler`` builds a Python
 list of its indices: about 36 bytes per sample while it runs), and the order kept as :class:`Ahead` keeps it.
 """
 
@@ -112,34 +114,33 @@ def inherited_order(dataset: Any) -> InheritedOrder | None:
 
 
 def _after_fork(kinds: tuple[type, ...]) -> None:
-    """In a forked child: find torch's multi-process DataLoader iterator on the stack, and keep its batch sampler
-    and the global generators' states where its dataset is one of ``kinds``."""
+    """In a forked child: find the DataLoader iterator that is starting its workers on the stack (torch's, or one
+    built on it as torchdata's ``StatefulDataLoader``'s is), and keep its batch sampler and the global generators'
+    states where its dataset is one of ``kinds``."""
     global _inherited
     _inherited = None
     module = sys.modules.get("torch.utils.data.dataloader")
-    if module is None:
-        return
-    iterator_kind = getattr(module, "_MultiProcessingDataLoaderIter", None)
+    base = getattr(module, "_BaseDataLoaderIter", None)
     batch_kind = getattr(sys.modules.get("torch.utils.data.sampler"), "BatchSampler", None)
-    init = getattr(getattr(iterator_kind, "__init__", None), "__code__", None)
-    if init is None or batch_kind is None:
+    if base is None or batch_kind is None:
         return
     frame: FrameType | None = sys._getframe(1)
+    loader = None
     for _ in range(_STACK_DEPTH):
         if frame is None:
             return
-        if frame.f_code is init:
-            break
+        if frame.f_code.co_name == "__init__":
+            candidate = frame.f_locals.get("self")
+            if isinstance(candidate, base) and getattr(candidate, "_num_workers", 0) > 0:
+                loader = candidate
+                break
         frame = frame.f_back
-    else:
+    if loader is None:
         return
-    if frame is None:
-        return
-    loader = frame.f_locals.get("self")
     dataset = getattr(loader, "_dataset", None)
     batch_sampler = getattr(loader, "_index_sampler", None)
     if (not isinstance(dataset, kinds) or not getattr(loader, "_auto_collation", False)
-            or getattr(type(batch_sampler), "__iter__", None) is not batch_kind.__iter__):
+            or not isinstance(batch_sampler, batch_kind)):
         return
     import torch
 
