@@ -155,3 +155,14 @@ def test_statefuldataloader_workers_read_ahead_and_resume_exactly(indexed: Any) 
     again = loader()
     again.load_state_dict(state)
     assert before + [s["__key__"] for batch in again for s in batch] == whole
+
+
+def test_a_sampler_longer_than_the_replay_bound_is_read_one_batch_at_a_time(indexed: Any,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from wds_async.data import inherited
+
+    urls, index, streamed = indexed
+    ds = wds.IndexedWebDataset(urls, index=index)
+    monkeypatch.setattr(inherited, "MAX_REPLAY", len(ds) - 1)  # forked workers inherit the patched bound
+    assert sorted(s["__key__"] for batch in _loader(ds, RandomSampler(ds)) for s in batch) == sorted(streamed)
+    assert ds.stats()["batches_read_ahead"] == 0
