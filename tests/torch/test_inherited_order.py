@@ -166,3 +166,11 @@ def test_a_sampler_longer_than_the_replay_bound_is_read_one_batch_at_a_time(inde
     monkeypatch.setattr(inherited, "MAX_REPLAY", len(ds) - 1)  # forked workers inherit the patched bound
     assert sorted(s["__key__"] for batch in _loader(ds, RandomSampler(ds)) for s in batch) == sorted(streamed)
     assert ds.stats()["batches_read_ahead"] == 0
+
+
+def test_batches_dealt_out_of_turn_are_read_one_at_a_time(indexed: Any) -> None:
+    urls, index, streamed = indexed
+    ds = wds.IndexedWebDataset(urls, index=index)
+    loader = _loader(ds, RandomSampler(ds), in_order=False)  # a worker's next batches cannot be named
+    assert sorted(s["__key__"] for batch in loader for s in batch) == sorted(streamed)
+    assert ds.stats()["batches_read_ahead"] == 0

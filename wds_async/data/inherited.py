@@ -22,6 +22,8 @@ What it needs, and what happens otherwise (each case reads one batch at a time, 
   BatchSampler(...)``, torchdata's ``StatefulDataLoader``, whose iterator and samplers are built on torch's); a batch
   sampler of another kind has its own order of batches;
 * the dataset given to the DataLoader is the ``IndexedWebDataset`` itself (a ``Subset`` of it maps its indices);
+* batches dealt to the workers in turn, as the DataLoader does by default (``in_order=False`` deals them to whichever
+  worker has room, so a worker's next batches cannot be named);
 * a worker's first epoch only: a persistent worker (``persistent_workers=True``) does not see the main process's
   generators move on, so from its second epoch on its batches are not found in the replayed order;
 * nothing drawn from the main process's global generators between the fork and the sampler's first index (torch
@@ -155,7 +157,7 @@ def _after_fork(kinds: tuple[type, ...]) -> None:
     dataset = getattr(loader, "_dataset", None)
     batch_sampler = getattr(loader, "_index_sampler", None)
     if (not isinstance(dataset, kinds) or not getattr(loader, "_auto_collation", False)
-            or not isinstance(batch_sampler, batch_kind)):
+            or not isinstance(batch_sampler, batch_kind) or not getattr(loader, "_in_order", True)):
         return
     import torch
 
