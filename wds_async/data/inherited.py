@@ -41,7 +41,6 @@ and 60 MB for a million indices here, 0.65 s and 300 MB for four million), and t
 indices, or without a length, is not replayed (every worker would hold that much at once, unasked): its workers
 read one batch at a time. A sampler the dataset is told to follow (``follow``, :class:`~wds_async.BlockShuffleSampler`)
 is replayed whatever its length, as the user chose.
-
 """
 
 from __future__ import annotations
@@ -54,7 +53,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-__all__ = ["InheritedOrder", "inherited_order"]
+__all__ = ["MAX_REPLAY", "InheritedOrder", "inherited_order", "watch_forks"]
 
 
 @dataclass
