@@ -108,6 +108,29 @@ def test_persistent_workers_read_ahead_in_their_first_epoch_only(indexed: Any) -
     assert ds.stats()["batches_read_ahead"] == _batches(ds) - 2
 
 
+@pytest.mark.parametrize("kind", ["distributed", "own-generator"])
+def test_persistent_workers_read_ahead_every_epoch_of_an_order_they_can_know(indexed: Any, kind: str) -> None:
+    urls, index, streamed = indexed
+    ds = wds.IndexedWebDataset(urls, index=index)
+    keys = sorted(streamed)
+
+    def sampler() -> Any:
+        if kind == "distributed":  # an order of the epoch number
+            return DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True, seed=9)
+        return RandomSampler(ds, generator=torch.Generator().manual_seed(9))  # its own generator moves on
+
+    used, twin = sampler(), sampler()
+    loader = _loader(ds, used, persistent_workers=True)
+    for epoch in range(3):
+        if kind == "distributed":
+            used.set_epoch(epoch)
+            twin.set_epoch(epoch)
+        assert [s["__key__"] for batch in loader for s in batch] == [keys[i] for i in twin], epoch
+    del loader
+    gc.collect()
+    assert ds.stats()["batches_read_ahead"] == 3 * (_batches(ds) - 2)
+
+
 def _draw(sample: dict[str, Any]) -> tuple[str, float]:
     return sample["__key__"], float(torch.rand(()).item())
 

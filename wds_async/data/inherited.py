@@ -24,8 +24,12 @@ What it needs, and what happens otherwise (each case reads one batch at a time, 
 * the dataset given to the DataLoader is the ``IndexedWebDataset`` itself (a ``Subset`` of it maps its indices);
 * batches dealt to the workers in turn, as the DataLoader does by default (``in_order=False`` deals them to whichever
   worker has room, so a worker's next batches cannot be named);
-* a worker's first epoch only: a persistent worker (``persistent_workers=True``) does not see the main process's
-  generators move on, so from its second epoch on its batches are not found in the replayed order;
+* for a persistent worker (``persistent_workers=True``), after its first epoch, an order it can know: one that is a
+  function of the epoch (``set_epoch``: ``DistributedSampler``, replayed at the fork's epoch plus the epochs since)
+  or of the sampler's own generator (``RandomSampler(generator=g)``, ``DataLoader(shuffle=True, generator=g)``:
+  its copy is replayed epoch after epoch, as the main process's moves on). An order drawn from the main process's
+  global generators (``RandomSampler(ds)``, ``DataLoader(shuffle=True)``) moves on out of the worker's sight: from
+  its second epoch on, such a worker reads one batch at a time;
 * nothing drawn from the main process's global generators between the fork and the sampler's first index (torch
   draws none there; a pin-memory or user thread that draws from them then makes the replay differ).
 
@@ -75,27 +79,48 @@ MAX_REPLAY = 1 << 22
 
 
 class InheritedOrder:
-    """The sampler's order of the epoch the worker was forked in (see the module docstring). Iterating gives that
-    sequence; with ``epoch`` set to anything but 0 (the next epochs, which :class:`~wds_async.data.readahead.Ahead`
-    also looks in), an empty one."""
+    """The sampler's order in the epochs of a worker forked at ``epoch`` 0 (see the module docstring): iterating
+    gives that epoch's sequence, or an empty one where it cannot be known. :class:`~wds_async.data.readahead.Ahead`
+    iterates copies with ``epoch`` set (the epoch of the last batch found and the next)."""
 
     def __init__(self, sampler: Any, torch_state: Any, random_state: Any, numpy_state: Any) -> None:
         self.sampler = sampler
         self.epoch = 0
         self._states = (torch_state, random_state, numpy_state)
+        #: The state of the sampler's own generator at the start of each epoch replayed so far (shared by copies).
+        self._starts: dict[int, Any] = {}
 
     def __iter__(self) -> Any:
-        if self.epoch != 0:
-            return iter(())
+        import torch
+
+        epoch, sampler = self.epoch, copy.copy(self.sampler)
+        own = getattr(sampler, "generator", None)
+        own = own if isinstance(own, torch.Generator) else None
+        if epoch and hasattr(sampler, "set_epoch") and isinstance(getattr(sampler, "epoch", None), int):
+            sampler.set_epoch(sampler.epoch + epoch)  # an order of the epoch number (DistributedSampler)
+        elif epoch and own is None:
+            return iter(())  # drawn from the main process's global generators, which moved on out of sight
+        elif own is not None:  # the main process's copy of the generator moves on by one epoch's draws each epoch
+            starts = self._starts
+            if not starts:
+                starts[0] = own.get_state()
+            known = max(k for k in starts if k <= epoch)
+            twin = torch.Generator(device=own.device)
+            twin.set_state(starts[known])
+            sampler.generator = twin  # a copy: the worker's generator stays where the fork left it
+            for k in range(known, epoch):
+                self._replay(sampler)
+                starts[k + 1] = twin.get_state()
+            order = self._replay(sampler)
+            starts[epoch + 1] = twin.get_state()
+            return iter(order)
+        return iter(self._replay(sampler))
+
+    def _replay(self, sampler: Any) -> list[Any]:
+        """All of ``sampler``'s indices, drawn from the global generators as they were at the fork."""
         import torch
 
         torch_state, random_state, numpy_state = self._states
-        sampler = copy.copy(self.sampler)
-        own = getattr(sampler, "generator", None)
-        if isinstance(own, torch.Generator):  # a copy: the worker's generator stays where the fork left it
-            twin = torch.Generator(device=own.device)
-            twin.set_state(own.get_state())
-            sampler.generator = twin
         np = sys.modules.get("numpy")
         saved = (torch.get_rng_state(), random.getstate(), np.random.get_state() if np is not None else None)
         try:
@@ -103,7 +128,7 @@ class InheritedOrder:
             random.setstate(random_state)
             if np is not None and numpy_state is not None:
                 np.random.set_state(numpy_state)
-            return iter(list(iter(sampler)))
+            return list(iter(sampler))
         finally:
             torch.set_rng_state(saved[0])
             random.setstate(saved[1])
