@@ -10,15 +10,15 @@ Each run is a fresh subprocess reading the same shards through ``DataLoader(batc
   workers read ahead along it (:mod:`wds_async.data.inherited`);
 * ``unseeded``: the same with ``RandomSampler(ds)``, drawn from torch's global generator, as users write it;
 * ``oneatatime``: ``indexed`` with ``readahead=0``: each worker reads one batch at a time, as it does where it
-  inherits nothing of the sampler (``spawn`` workers, a persistent worker after its first epoch), and as
-  ``indexed`` did before forked workers read ahead;
+  inherits nothing of the sampler (``spawn`` workers; a persistent worker after its first epoch of an order drawn
+  from the global generators), and as ``indexed`` did before forked workers read ahead;
 * ``ahead``: the same with ``BlockShuffleSampler(ds, block_size=1)``, a uniform shuffle the dataset follows: each
   worker keeps its next batches in flight (``readahead``, default 2) while the DataLoader uses the current one;
 * ``block``: ``BlockShuffleSampler(block_size=16)`` (read ahead too);
-* ``raw``: the floor any client pays for this access pattern: a map-style dataset whose ``__getitems__`` sends the
-  batch's ranged GETs itself, one per sample, all at once, through one aiohttp session per DataLoader worker on a
-  long-lived event loop (uvloop where installed), and returns the bytes (no tar parsing, no checks), in the same
-  order as ``indexed``;
+* ``raw``: what any client gets reading one batch at a time per worker: a map-style dataset whose ``__getitems__``
+  sends the batch's ranged GETs itself, one per sample, all at once, through one aiohttp session per DataLoader
+  worker on a long-lived event loop (uvloop where installed), and returns the bytes (no tar parsing, no checks), in
+  the same order as ``indexed``;
 * ``rawh1``: the same floor through the library's own HTTP/1.1 client (``backends/_h1.py``: one keep-alive pool
   per worker) instead of aiohttp, to see where the fastest client we have puts it;
 * ``wids``: wids' ``ShardListDataset`` (the ``wids`` package that webdataset 1.0.2 points to) in the same random
