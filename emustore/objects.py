@@ -87,13 +87,16 @@ class Files:
         parts = safe_parts(path[1:])
         if parts is None:
             return None
-        real = os.path.realpath(os.path.join(self.root, *parts))
-        if not real.startswith(self.root_prefix):
-            return None  # a symlink that leaves the root
         try:
-            st = os.stat(real)
+            found = _without_links(self.root, parts)
+            if found is None:  # a symlink on the way: resolve it, and refuse one that leaves the root
+                real = os.path.realpath(os.path.join(self.root, *parts))
+                if not real.startswith(self.root_prefix):
+                    return None
+                found = real, os.stat(real)
         except OSError:
             return None
+        real, st = found
         if not stat.S_ISREG(st.st_mode):
             return None
         obj = self.mapped.get(real)
@@ -255,6 +258,21 @@ class Files:
             if staged is not None:
                 found.append((name, staged[1]))
         return found
+
+
+def _without_links(root: Path, parts: list[str]) -> tuple[str, os.stat_result] | None:
+    """``root/parts`` and its ``lstat`` where none of its parts is a symlink (every folder a folder, the last part
+    not a link), so there is nothing to resolve; else None. One ``lstat`` per part: 2-6 µs for one or two parts
+    where ``os.path.realpath`` and a ``stat`` took 15 (14% of the store's CPU per ranged GET). OSError where a part
+    is missing."""
+    path = str(root)
+    for part in parts[:-1]:
+        path = os.path.join(path, part)
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            return None
+    path = os.path.join(path, parts[-1])
+    st = os.lstat(path)
+    return None if stat.S_ISLNK(st.st_mode) else (path, st)
 
 
 def safe_parts(name: str) -> list[str] | None:
