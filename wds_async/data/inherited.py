@@ -98,6 +98,10 @@ class InheritedOrder:
         own = own if isinstance(own, torch.Generator) else None
         if epoch and hasattr(sampler, "set_epoch") and isinstance(getattr(sampler, "epoch", None), int):
             sampler.set_epoch(sampler.epoch + epoch)  # an order of the epoch number (DistributedSampler)
+            if own is not None:  # a copy: the worker's generator stays where the fork left it
+                twin = torch.Generator(device=own.device)
+                twin.set_state(own.get_state())
+                sampler.generator = twin
         elif epoch and own is None:
             return iter(())  # drawn from the main process's global generators, which moved on out of sight
         elif own is not None:  # the main process's copy of the generator moves on by one epoch's draws each epoch
