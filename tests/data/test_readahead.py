@@ -196,3 +196,22 @@ def test_dataloader_workers_read_ahead_every_sample_once_in_order(served: Any, w
         sampler.set_epoch(epoch)
         seen = [_plain(s) for batch in loader for s in batch]
         assert seen == [streamed[i] for i in sampler]  # the DataLoader's order, every sample once
+
+
+@pytest.mark.parametrize("readahead,follow", [(2, True), (3, True), (2, False)])
+def test_the_engine_starts_at_what_the_first_batch_puts_in_flight(served: Any, readahead: int, follow: bool) -> None:
+    urls, index, _ = served
+    ds = wds.IndexedWebDataset(urls, index=index, readahead=readahead, node_connections=1024)
+    sampler = wds.BlockShuffleSampler(ds, block_size=1, seed=2) if follow else None
+    order = list(sampler) if sampler is not None else list(range(len(ds)))
+    ds.__getitems__(order[:70])  # more than START_CONNECTIONS (64) in one batch
+    expected = 70 * (1 + readahead) if follow else 70  # the batch and the ones read ahead with it
+    assert ds._proc is not None and ds._proc.requests.spec.config.start_connections == expected
+
+
+def test_a_chosen_config_keeps_its_start(served: Any) -> None:
+    urls, index, _ = served
+    ds = wds.IndexedWebDataset(urls, index=index, config=wds.EngineConfig(start_connections=5))
+    wds.BlockShuffleSampler(ds, block_size=1, seed=2)
+    ds.__getitems__(list(range(70)))
+    assert ds._proc is not None and ds._proc.requests.spec.config.start_connections == 5

@@ -82,7 +82,8 @@ if TYPE_CHECKING:
 __all__ = ["IndexedWebDataset"]
 
 #: Where the autotuner starts (unless a config is given): a DataLoader batch of 64 samples in random order is 64
-#: requests, each mostly time to first byte, so a batch's worth in flight at once is the useful start.
+#: requests, each mostly time to first byte, so a batch's worth in flight at once is the useful start. A process's
+#: first batch raises it to what that batch puts in flight: its size, times ``1 + readahead`` where it reads ahead.
 START_CONNECTIONS = 64
 
 #: Adjacent samples of one shard are read as one range up to this many bytes.
@@ -156,6 +157,7 @@ class IndexedWebDataset(_MapBase[Any]):
         if config is None:  # a batch is many small requests at once: start the autotuner at a batch's worth
             base = base.replace(start_connections=max(base.start_connections, START_CONNECTIONS))
         self.config = base.replace(**changes, deterministic=False)
+        self._start_is_ours = config is None  # the autotuner's start may follow the first batch (see _spec)
         self._explicit = frozenset(["max_connections", "max_buffered_bytes"] if config is not None else
                                    [k for k in ("max_connections", "max_buffered_bytes") if k in changes])
         self.node_connections, self.node_buffered_bytes = node_connections, node_buffered_bytes
@@ -276,19 +278,23 @@ class IndexedWebDataset(_MapBase[Any]):
             yield from self._deliver(located, self._fetch(located))
 
     # -- reading ---------------------------------------------------------------------------------
-    def _process(self) -> ProcessReads:
+    def _process(self, in_flight: int = 0) -> ProcessReads:
+        """This process's reads, started on first use; ``in_flight``: the requests the read that starts them puts
+        in flight at once (see :data:`START_CONNECTIONS`)."""
         proc = self._proc
         if proc is None or proc.pid != os.getpid():
-            proc = self._proc = ProcessReads(self._spec())
+            proc = self._proc = ProcessReads(self._spec(in_flight))
             # A DataLoader worker's counters go to its slot for stats() and the metrics of the main process: every
             # 0.1 s, and a last time when the worker exits (a map-style dataset never learns that its epoch ended).
             stop = self._worker_stats.publish(proc.requests.stats)
             multiprocessing.util.Finalize(proc, stop, exitpriority=0)
         return proc
 
-    def _spec(self) -> StreamSpec:
+    def _spec(self, in_flight: int = 0) -> StreamSpec:
         config, _share = share_config(self.config, node_connections=self.node_connections,
                                       node_buffered_bytes=self.node_buffered_bytes, explicit=self._explicit)
+        if self._start_is_ours and in_flight > config.start_connections:  # the engine caps it at what it allows
+            config = config.replace(start_connections=in_flight)
         # A DataLoader worker new this epoch starts where the last epoch's worker settled.
         config = config.starting_at(self._worker_stats.learned_level())
         return StreamSpec(config, backends=self._backends, backend_options=self._backend_options, cache=self.cache)
@@ -300,11 +306,12 @@ class IndexedWebDataset(_MapBase[Any]):
 
     def _read(self, indices: Sequence[int], located: list[tuple[int, int]]) -> dict[tuple[int, int], Sample]:
         """The batch ``indices``, with the next batches of this process started first where the order is known."""
-        proc = self._process()
         order = self._order if self._order is not None else inherited_order(self)
         if order is None or not self.readahead or self.cache is not None or (
                 self.index is None and None in self.entries):  # only a dataset without an index has shards to learn
+            self._process(len(indices))
             return self._fetch(located)  # no order to follow; whole-shard reads (cache, no index) are not guessed
+        proc = self._process(len(indices) * (1 + self.readahead))
         with proc.ahead_lock:  # the bookkeeping of one batch at a time (a DataLoader worker has one thread anyway)
             ahead = proc.ahead
             if ahead is None or ahead.sampler is not order:
