@@ -299,8 +299,8 @@ class IndexedWebDataset(_MapBase[Any]):
         config = config.starting_at(self._worker_stats.learned_level())
         return StreamSpec(config, backends=self._backends, backend_options=self._backend_options, cache=self.cache)
 
-    def _fetch(self, located: Iterable[tuple[int, int]]) -> dict[tuple[int, int], Sample]:
-        proc = self._process()
+    def _fetch(self, located: Iterable[tuple[int, int]], in_flight: int = 0) -> dict[tuple[int, int], Sample]:
+        proc = self._process(in_flight)
         planned = self.layout.plan(proc, located)
         return self.layout.finish(proc, planned, proc.requests.fetch(planned.items))
 
@@ -309,8 +309,7 @@ class IndexedWebDataset(_MapBase[Any]):
         order = self._order if self._order is not None else inherited_order(self)
         if order is None or not self.readahead or self.cache is not None or (
                 self.index is None and None in self.entries):  # only a dataset without an index has shards to learn
-            self._process(len(indices))
-            return self._fetch(located)  # no order to follow; whole-shard reads (cache, no index) are not guessed
+            return self._fetch(located, len(indices))  # no order to follow; whole-shard reads are not guessed
         proc = self._process(len(indices) * (1 + self.readahead))
         with proc.ahead_lock:  # the bookkeeping of one batch at a time (a DataLoader worker has one thread anyway)
             ahead = proc.ahead

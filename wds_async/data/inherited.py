@@ -62,14 +62,10 @@ __all__ = ["MAX_REPLAY", "InheritedOrder", "inherited_order", "watch_forks"]
 
 @dataclass
 class _Inherited:
-    """What a forked DataLoader worker found of its loader at the fork."""
+    """What a forked DataLoader worker found of its loader at the fork: the dataset, and the order to replay."""
 
     dataset: Any
-    batch_sampler: Any
-    torch_state: Any
-    random_state: Any
-    numpy_state: Any
-    order: InheritedOrder | None = None
+    order: InheritedOrder
 
 
 _inherited: _Inherited | None = None
@@ -98,10 +94,8 @@ class InheritedOrder:
         own = own if isinstance(own, torch.Generator) else None
         if epoch and hasattr(sampler, "set_epoch") and isinstance(getattr(sampler, "epoch", None), int):
             sampler.set_epoch(sampler.epoch + epoch)  # an order of the epoch number (DistributedSampler)
-            if own is not None:  # a copy: the worker's generator stays where the fork left it
-                twin = torch.Generator(device=own.device)
-                twin.set_state(own.get_state())
-                sampler.generator = twin
+            if own is not None:
+                sampler.generator = _twin(own, own.get_state())
         elif epoch and own is None:
             return iter(())  # drawn from the main process's global generators, which moved on out of sight
         elif own is not None:  # the main process's copy of the generator moves on by one epoch's draws each epoch
@@ -109,9 +103,7 @@ class InheritedOrder:
             if not starts:
                 starts[0] = own.get_state()
             known = max(k for k in starts if k <= epoch)
-            twin = torch.Generator(device=own.device)
-            twin.set_state(starts[known])
-            sampler.generator = twin  # a copy: the worker's generator stays where the fork left it
+            sampler.generator = twin = _twin(own, starts[known])
             for k in range(known, epoch):
                 self._replay(sampler)
                 starts[k + 1] = twin.get_state()
@@ -140,28 +132,27 @@ class InheritedOrder:
                 np.random.set_state(saved[2])
 
 
+def _twin(own: Any, state: Any) -> Any:
+    """A generator like ``own`` (a ``torch.Generator``) at ``state``, for a replay: the worker's own copy of the
+    sampler's generator stays where the fork left it."""
+    import torch
+
+    twin = torch.Generator(device=own.device)
+    twin.set_state(state)
+    return twin
+
+
 def inherited_order(dataset: Any) -> InheritedOrder | None:
     """The order this process inherited for ``dataset`` at its fork as a DataLoader worker, or None (see the module
     docstring for when)."""
     found = _inherited
-    if found is None or found.dataset is not dataset:
-        return None
-    try:
-        length = len(found.batch_sampler.sampler)
-    except TypeError:  # no length: no bound on what a replay would hold
-        return None
-    if length > MAX_REPLAY:
-        return None
-    if found.order is None:
-        found.order = InheritedOrder(found.batch_sampler.sampler, found.torch_state, found.random_state,
-                                     found.numpy_state)
-    return found.order
+    return found.order if found is not None and found.dataset is dataset else None
 
 
 def _after_fork(kinds: tuple[type, ...]) -> None:
     """In a forked child: find the DataLoader iterator that is starting its workers on the stack (torch's, or one
-    built on it as torchdata's ``StatefulDataLoader``'s is), and keep its batch sampler and the global generators'
-    states where its dataset is one of ``kinds``."""
+    built on it as torchdata's ``StatefulDataLoader``'s is), and where its dataset is one of ``kinds`` keep the order to
+    replay: its sampler and the global generators' states (see the module docstring for what it must be)."""
     global _inherited
     _inherited = None
     module = sys.modules.get("torch.utils.data.dataloader")
@@ -187,11 +178,17 @@ def _after_fork(kinds: tuple[type, ...]) -> None:
     if (not isinstance(dataset, kinds) or not getattr(loader, "_auto_collation", False)
             or not isinstance(batch_sampler, batch_kind) or not getattr(loader, "_in_order", True)):
         return
+    sampler = batch_sampler.sampler
+    try:
+        if len(sampler) > MAX_REPLAY:
+            return
+    except TypeError:  # no length: no bound on what a replay would hold
+        return
     import torch
 
     np = sys.modules.get("numpy")
-    _inherited = _Inherited(dataset, batch_sampler, torch.get_rng_state(), random.getstate(),
-                            np.random.get_state() if np is not None else None)
+    _inherited = _Inherited(dataset, InheritedOrder(sampler, torch.get_rng_state(), random.getstate(),
+                                                    np.random.get_state() if np is not None else None))
 
 
 def _hook(kinds: tuple[type, ...]) -> None:
