@@ -23,6 +23,7 @@ from torch.utils.data import (
 )
 
 import wds_async as wds
+from tests.data.test_indexed import _plain
 
 BATCH = 16
 
@@ -41,10 +42,6 @@ def _loader(ds: Any, sampler: Any, method: str = "fork", **kw: Any) -> DataLoade
 
 def _batches(ds: Any) -> int:
     return -(-len(ds) // BATCH)
-
-
-def _plain(sample: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in sample.items() if k != "__local_path__"}
 
 
 def test_random_sampler_without_a_generator_is_read_ahead(indexed: Any) -> None:
