@@ -61,7 +61,6 @@ from ..urls import expand_urls, redact_url, scheme_of
 from . import handlers as _handlers
 from ._torch import HAVE_TORCH
 from .inherited import inherited_order, watch_forks
-from .readahead import Ahead
 from .reads import ProcessReads, ShardLayout
 from .stages import factories as _f
 from .stages.base import Stage
@@ -311,26 +310,7 @@ class IndexedWebDataset(_MapBase[Any]):
                 self.index is None and None in self.entries):  # only a dataset without an index has shards to learn
             return self._fetch(located, len(indices))  # no order to follow; whole-shard reads are not guessed
         proc = self._process(len(indices) * (1 + self.readahead))
-        with proc.ahead_lock:  # the bookkeeping of one batch at a time (a DataLoader worker has one thread anyway)
-            ahead = proc.ahead
-            if ahead is None or ahead.sampler is not order:
-                proc.drop_ahead()
-                ahead = proc.ahead = Ahead(order, workers=worker_info()[1], depth=self.readahead)
-            key = ahead.place(indices)
-            planned = proc.pending.pop(key, None) if key is not None else None
-            if planned is not None:
-                proc.requests.stats.batches_read_ahead += 1
-            proc.drop_ahead(keep_after=key)  # guesses before this batch (or off the order) will not be asked for
-            if planned is None:
-                planned = self.layout.plan(proc, located)
-                proc.requests.submit(planned.items)
-            if key is not None:
-                for upcoming_key, upcoming in ahead.upcoming(key, len(indices)):
-                    if upcoming_key not in proc.pending:
-                        guess = self.layout.plan(proc, [self.locate(i) for i in upcoming])
-                        proc.requests.submit(guess.items)
-                        proc.pending[upcoming_key] = guess
-                        proc.guessed = True
+        planned = proc.submit_ahead(order, self.readahead, worker_info()[1], indices, located, self.layout, self.locate)
         try:
             return self.layout.finish(proc, planned, proc.requests.collect([item.id for item in planned.items]))
         except Exception:
@@ -339,9 +319,7 @@ class IndexedWebDataset(_MapBase[Any]):
         # Something in flight failed, and reads guessed ahead (kept or dropped, still read until the engine stops)
         # may have been among it: the engine stopped them all. Read this batch again on its own, so that an error is
         # raised by the batch that holds its sample, and only by it.
-        with proc.ahead_lock:
-            proc.drop_ahead()
-            proc.guessed = False
+        proc.forget_guesses()
         return self._fetch(located)
 
     def stats(self) -> dict[str, Any]:

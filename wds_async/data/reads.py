@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..engine.fetcher import Requests
@@ -56,6 +56,40 @@ class ProcessReads:
         """Forget the batches read ahead, but those of the same epoch after the position ``keep_after`` names."""
         for key in [k for k in self.pending if keep_after is None or k[0] != keep_after[0] or k[1] <= keep_after[1]]:
             self.requests.discard(item.id for item in self.pending.pop(key).items)
+
+    def submit_ahead(self, order: Any, depth: int, workers: int, indices: Sequence[int],
+                     located: list[tuple[int, int]], layout: ShardLayout,
+                     locate: Callable[[int], tuple[int, int]]) -> Planned:
+        """The reads of the batch ``indices`` (at ``located``), taken from the batches read ahead where it is one of
+        them, else submitted now; then this process's next ``depth`` batches along ``order`` (it is one of
+        ``workers``), submitted as guesses (see :mod:`wds_async.data.readahead`)."""
+        with self.ahead_lock:  # the bookkeeping of one batch at a time (a DataLoader worker has one thread anyway)
+            ahead = self.ahead
+            if ahead is None or ahead.sampler is not order:
+                self.drop_ahead()
+                ahead = self.ahead = Ahead(order, workers=workers, depth=depth)
+            key = ahead.place(indices)
+            planned = self.pending.pop(key, None) if key is not None else None
+            if planned is not None:
+                self.requests.stats.batches_read_ahead += 1
+            self.drop_ahead(keep_after=key)  # guesses before this batch (or off the order) will not be asked for
+            if planned is None:
+                planned = layout.plan(self, located)
+                self.requests.submit(planned.items)
+            if key is not None:
+                for upcoming_key, upcoming in ahead.upcoming(key, len(indices)):
+                    if upcoming_key not in self.pending:
+                        guess = layout.plan(self, [locate(i) for i in upcoming])
+                        self.requests.submit(guess.items)
+                        self.pending[upcoming_key] = guess
+                        self.guessed = True
+        return planned
+
+    def forget_guesses(self) -> None:
+        """After a failure among reads that guesses were part of: drop them all (the engine stopped them)."""
+        with self.ahead_lock:
+            self.drop_ahead()
+            self.guessed = False
 
     def next_id(self) -> int:
         self._ids += 1
