@@ -295,19 +295,11 @@ class HttpBackend:
         with map_aiohttp_errors(shown, start):
             return await session.get(target, **request, allow_redirects=True)
 
-    @asynccontextmanager
-    async def streaming(self, response: Answer, shown: str, start: int, end: int | None
-                        ) -> AsyncIterator[ByteStream]:
-        """Own a 200/206 ``response`` as a :class:`ByteStream`: on exit the chunk iterator is finalised and
-        the connection returns to the pool when the body was read to the end, else it is closed."""
-        try:
-            stream = self.stream_from(response, shown, start, end)
-            try:
-                yield stream
-            finally:
-                await stream.aclose()
-        finally:
-            response.release() if response.content.at_eof() else response.close()
+    def streaming(self, response: Answer, shown: str, start: int, end: int | None) -> _Streaming:
+        """Own a 200/206 ``response`` as a :class:`ByteStream` (an async context manager): on exit the chunk
+        iterator is finalised and the connection returns to the pool when the body was read to the end, else it
+        is closed."""
+        return _Streaming(self.stream_from(response, shown, start, end), response)
 
     def stream_from(self, response: Answer, shown: str, start: int, end: int | None) -> ByteStream:
         """The :class:`ByteStream` of a 200/206 response to a request for ``[start, end)``; a 200 to a
@@ -389,3 +381,23 @@ class HttpBackend:
         if self._session is not None:
             session, self._session = self._session, None
             await session.close()
+
+
+class _Streaming:
+    """What :meth:`HttpBackend.streaming` returns: a class rather than an ``asynccontextmanager`` generator, since
+    one is entered per request (a random-access read is a request per sample)."""
+
+    __slots__ = ("response", "stream")
+
+    def __init__(self, stream: ByteStream, response: Answer) -> None:
+        self.stream, self.response = stream, response
+
+    async def __aenter__(self) -> ByteStream:
+        return self.stream
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        response = self.response
+        try:
+            await self.stream.aclose()
+        finally:
+            response.release() if response.content.at_eof() else response.close()

@@ -35,7 +35,11 @@ from .shard import ShardParse, read_shard
 from .tokens import Tokens
 from .work import WorkItem
 
-__all__ = ["ItemReads"]
+__all__ = ["AT_ONCE_BYTES", "ItemReads"]
+
+#: A known range of at most this many bytes (and no larger than ``part_bytes``) is read whole, then parsed at once
+#: (a random-access read); it stays within what a stream's allowance already counts in the byte budget.
+AT_ONCE_BYTES = 256 << 10
 
 log = logging.getLogger("wds_async")
 
@@ -127,9 +131,16 @@ class ItemReads:
             compressed = await self._is_gzip(backend, item)
         ranged = not compressed
         part_bytes = self.config.part_bytes
+        if (ranged and item.end is not None and item.end - item.start <= min(AT_ONCE_BYTES, part_bytes or AT_ONCE_BYTES)
+                and opened.on_chunk is None):
+            # A small known range (a random-access read is one per sample or run of samples): one request, read
+            # whole, parsed in one go; no parts, so no helper tasks and no TaskGroup to own them.
+            reader = RangeReader(backend, item.url, start=item.start, end=item.end, expect=item.expect,
+                                 context=self._context(token))
+            await self._parse_item(item, token, reader, reader, ranged, opened, progress, at_once=True)
+            return
         if not part_bytes or (ranged and item.end is not None and item.end - item.start <= part_bytes):
-            # Never split into parts (a random-access read is one such range per sample): no helper tasks, so no
-            # TaskGroup to own them.
+            # Never split into parts: no helper tasks, so no TaskGroup to own them.
             await self._read_parts(item, token, opened, progress, ranged, None)
             return
         failure: BaseException | None = None
@@ -141,48 +152,70 @@ class ItemReads:
         if failure is not None:
             raise failure
 
+    def _context(self, token: object) -> ReadContext:
+        """The engine's read context with ``token``'s requeue (awaited before a throttled request is retried)."""
+        shared = self._reads
+        return ReadContext(shared.policy, shared.stats, shared.budget, functools.partial(self._tokens.requeue, token))
+
     async def _read_parts(self, item: WorkItem, token: object, opened: OpenedItem, progress: _Progress, ranged: bool,
                           group: TaskGroup | None) -> None:
         """Read the item through a :class:`PartedRead` whose helpers (if it splits) run in ``group``."""
         lanes = Lanes(self.limiter, self.channel, token, self.config.part_bytes, group)
         reader = PartedRead(opened.backend, item.url, start=item.start if ranged else 0,
                             end=item.end if ranged else None, expect=item.expect,
-                            context=replace(self._reads, requeue=functools.partial(self._tokens.requeue, token)),
-                            lanes=lanes)
+                            context=self._context(token), lanes=lanes)
         try:
-            await self._parse_item(item, token, reader, ranged, opened, progress)
+            await self._parse_item(item, token, reader, reader.first, ranged, opened, progress)
         finally:
             reader.close()
 
-    async def _parse_item(self, item: WorkItem, token: object, reader: PartedRead, ranged: bool,
-                          opened: OpenedItem, progress: _Progress) -> None:
-        """Feed the item's bytes to a parser and a grouper and its samples to the channel; the source sees
-        every chunk as it passes (``on_chunk``) and hears when the whole item was read and parsed (``done``)."""
+    async def _parse_item(self, item: WorkItem, token: object, source: PartedRead | RangeReader, first: RangeReader,
+                          ranged: bool, opened: OpenedItem, progress: _Progress, *, at_once: bool = False) -> None:
+        """Feed the item's bytes (``source``'s chunks; ``first`` is its first request, which says the object's
+        identity) to a parser and a grouper and its samples to the channel; the source sees every chunk as it
+        passes (``on_chunk``) and hears when the whole item was read and parsed (``done``). ``at_once``: a small
+        range, waited for once, read whole and parsed in one go."""
         limit = self.config.max_sample_bytes
         rules = self._outcomes.rules(item)
-        grouper = Grouper(reader.shown, self._outcomes.on_sample_error(item), select_files=rules.select_files,
+        grouper = Grouper(first.shown, self._outcomes.on_sample_error(item), select_files=rules.select_files,
                           rename_files=rules.rename_files, max_sample_bytes=limit)
-        parse = ShardParse(reader.shown, start=item.start, end=item.end, ranged=ranged, grouper=grouper,
+        parse = ShardParse(first.shown, start=item.start, end=item.end, ranged=ranged, grouper=grouper,
                            max_member_bytes=limit)
-        on_chunk = None
-        if opened.on_chunk is not None:
-            tee = opened.on_chunk
-
-            async def on_chunk(chunk: bytes) -> None:
-                await tee(chunk, reader.first.identity.size if reader.first.identity else None)
-
         held = 0
         try:
-            async with aclosing(read_shard(reader, parse, before_read=lambda: self._tokens.wait_for_room(token),
-                                           on_chunk=on_chunk)) as reads:
-                async for _chunk, samples in reads:
-                    held = self._emit(token, item, samples, held, parse, progress)
-                    # Drop the chunk's samples before the next await: alive across it, tens of thousands of
-                    # small objects per reader reach the collector's oldest generation and cost full collections.
-                    samples = []
+            if at_once:
+                # Counted as they arrive, as a streamed chunk is once parsed; the parser's own buffer then takes over
+                await self._tokens.wait_for_room(token)
+                pieces: list[bytes] = []
+                async with aclosing(source.chunks()) as chunks:
+                    async for chunk in chunks:
+                        pieces.append(chunk)
+                        self.budget.add(len(chunk))
+                        held += len(chunk)
+                whole = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+                pieces = []
+                samples = parse.feed(whole)
+                samples += parse.finish()
+                held = self._emit(token, item, samples, held, parse, progress)
+                samples = []
+            else:
+                on_chunk = None
+                if opened.on_chunk is not None:
+                    tee = opened.on_chunk
+
+                    async def on_chunk(chunk: bytes) -> None:
+                        await tee(chunk, first.identity.size if first.identity else None)
+
+                async with aclosing(read_shard(source, parse, before_read=lambda: self._tokens.wait_for_room(token),
+                                               on_chunk=on_chunk)) as reads:
+                    async for _chunk, samples in reads:
+                        held = self._emit(token, item, samples, held, parse, progress)
+                        # Drop the chunk's samples before the next await: alive across it, tens of thousands of
+                        # small objects per reader reach the collector's oldest generation and cost full collections.
+                        samples = []
             held = 0
             if not parse.done:
-                await opened.done(reader.first.identity)
+                await opened.done(first.identity)
         except SampleTooLarge as exc:  # refused from its tar header: name the sample it would have started
             if exc.key is None and exc.member is not None:
                 exc.key = grouper.key_of(exc.member)

@@ -24,8 +24,7 @@ the engine's TaskGroup for such tasks and :meth:`ItemSource.close` ends them.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol
@@ -86,9 +85,24 @@ class StoreSource:
     def ahead(self, url: str, backend: Backend) -> None:
         return None
 
-    @contextlib.asynccontextmanager
-    async def open(self, url: str, *, whole: bool, backend: Backend) -> AsyncIterator[OpenedItem]:
-        yield OpenedItem(backend)
+    def open(self, url: str, *, whole: bool, backend: Backend) -> AbstractAsyncContextManager[OpenedItem]:
+        return _Ready(OpenedItem(backend))
 
     def close(self) -> None:
+        return None
+
+
+class _Ready:
+    """An item that is open already: nothing to set up or tear down (a class, not an ``asynccontextmanager``
+    generator: one is entered per item, and a random-access read is an item per sample)."""
+
+    __slots__ = ("item",)
+
+    def __init__(self, item: OpenedItem) -> None:
+        self.item = item
+
+    async def __aenter__(self) -> OpenedItem:
+        return self.item
+
+    async def __aexit__(self, *exc_info: object) -> None:
         return None
