@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -78,7 +77,7 @@ def test_a_range_that_does_not_end_at_a_member_fails_naming_the_url_and_gives_it
     assert bad.end - bad.start <= AT_ONCE_BYTES
     requests = Requests(StreamSpec(wds.EngineConfig(retry=RETRY)))
     try:
-        with pytest.raises(wds.ShardFormatError, match="shard-000000.tar"):
+        with pytest.raises(wds.ShardFormatError, match=r"shard-000000\.tar"):
             requests.fetch([bad])
         assert requests.stats.snapshot()["buffered_bytes"] == 0
     finally:
