@@ -7,8 +7,10 @@ concurrent ranged parts on extra tokens when the object is large) into a sans-IO
 :class:`~wds_async.engine.tarstream.TarParser` started at the item's offset and a
 :class:`~wds_async.engine.grouping.Grouper`, and puts complete samples, tagged with the item's id, into the channel.
 Before every read it waits on the byte budget (:meth:`~wds_async.engine.tokens.Tokens.wait_for_room`). A compressed
-item is inflated from byte 0 and its members outside ``[start, end)`` dropped. Opening the item in the channel,
-its end marker and its errors are the caller's (:meth:`~wds_async.engine.engine.Engine._read_item`).
+item is inflated from byte 0 and its members outside ``[start, end)`` dropped. A small known range (at most
+``AT_ONCE_BYTES`` and ``part_bytes``: a random-access read) is read whole by one ``RangeReader`` after one wait for
+room, counted in the budget as it arrives, and parsed in one go. Opening the item in the channel, its end marker and
+its errors are the caller's (:meth:`~wds_async.engine.engine.Engine._read_item`).
 """
 
 from __future__ import annotations
