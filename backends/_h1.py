@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import ipaddress
 import socket
 import ssl
 import time
@@ -60,6 +61,17 @@ from ._h1wire import PAUSE_BYTES, READ_BYTES, Wire
 __all__ = ["PAUSE_BYTES", "READ_BYTES", "H1Answer", "H1Pool", "MalformedAnswer"]
 
 _DNS_TTL = 300.0
+
+
+def _literal_address(host: str, port: int) -> list[Any] | None:
+    """``getaddrinfo``'s answer for an IP literal host (no lookup needed), or None for a name."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    if ip.version == 6:
+        return [(socket.AF_INET6, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (host, port, 0, 0))]
+    return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (host, port))]
 #: What an answer's head may take beyond a ranged GET's body, in the receive buffer sized for it (``Wire.expect``).
 HEAD_ROOM = 8 << 10
 
@@ -210,6 +222,7 @@ class H1Pool:
         self._idle: dict[tuple[str, str, int], list[tuple[Wire, float]]] = {}
         self._spare: list[bytearray] = []  # receive buffers between answers, at most SPARE_BUFFERS
         self._dns: dict[tuple[str, int], tuple[float, list[Any]]] = {}
+        self._looking_up: dict[tuple[str, int], asyncio.Future[list[Any]]] = {}  # lookups in flight, shared
         self._closed = False
 
     async def get(self, url: str, headers: Mapping[str, str]) -> H1Answer:
@@ -324,15 +337,39 @@ class H1Pool:
         raise error
 
     async def _resolve(self, host: str, port: int) -> list[Any]:
-        """The host's addresses, looked up once per ``_DNS_TTL`` seconds (as aiohttp's ``ttl_dns_cache``)."""
-        now = time.monotonic()
-        known = self._dns.get((host, port))
-        if known is not None and now - known[0] < _DNS_TTL:
-            return known[1]
-        found = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        if not found:
-            raise OSError(f"no address for {host}")
-        self._dns[(host, port)] = (now, found)
+        """The host's addresses, looked up once per ``_DNS_TTL`` seconds (as aiohttp's ``ttl_dns_cache``); an IP
+        literal is its own address. Connections opened together (the first wave of a job: hundreds) share one
+        lookup rather than each sending its own to the resolver's few threads."""
+        literal = _literal_address(host, port)
+        if literal is not None:
+            return literal
+        key = (host, port)
+        while True:
+            known = self._dns.get(key)
+            if known is not None and time.monotonic() - known[0] < _DNS_TTL:
+                return known[1]
+            pending = self._looking_up.get(key)
+            if pending is None:
+                break
+            await asyncio.wait([pending])  # never raises, and this caller's cancellation leaves the lookup alone
+            if not pending.cancelled() and pending.exception() is not None:
+                raise OSError(f"cannot resolve {host}: {pending.exception()}")
+        pending = self._looking_up[key] = asyncio.get_running_loop().create_future()
+        try:
+            found = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            if not found:
+                raise OSError(f"no address for {host}")
+        except BaseException as exc:
+            if isinstance(exc, Exception):
+                pending.set_exception(exc)
+                pending.exception()  # read here, so an error nobody else waited for is not logged as lost
+            else:
+                pending.cancel()  # this caller was cancelled: a waiter looks the host up itself
+            raise
+        finally:
+            del self._looking_up[key]
+        self._dns[key] = (time.monotonic(), found)
+        pending.set_result(found)
         return found
 
     async def aclose(self) -> None:
