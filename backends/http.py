@@ -31,7 +31,7 @@ import ssl
 import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import aiohttp
@@ -264,9 +264,15 @@ class HttpBackend:
             headers["If-Match"] = expect.etag
         return target
 
-    @asynccontextmanager
-    async def open(self, url: str, *, start: int = 0, end: int | None = None,
-                   expect: ObjectIdentity | None = None) -> AsyncIterator[ByteStream]:
+    def open(self, url: str, *, start: int = 0, end: int | None = None,
+             expect: ObjectIdentity | None = None) -> AbstractAsyncContextManager[ByteStream]:
+        """An async context manager that sends the GET and gives its 200/206 answer as a :class:`ByteStream`
+        (an error answer raises, translated); on exit the connection is pooled or closed (see :meth:`streaming`)."""
+        return _Opening(self, url, start, end, expect)
+
+    async def answer(self, url: str, start: int, end: int | None, expect: ObjectIdentity | None) -> _Streaming:
+        """Send the GET of ``[start, end)`` of ``url`` (conditional on ``expect``) and own its 200/206 answer; an
+        error answer is closed and raised as the error it translates to. What :meth:`open` enters."""
         shown = redact_url(url)
         target, headers = await self.resolve(url, start, end)
         target = self.conditions(target, headers, expect)
@@ -276,8 +282,7 @@ class HttpBackend:
                 raise await self.response_error(response, shown, start)
             finally:
                 response.close()
-        async with self.streaming(response, shown, start, end) as stream:
-            yield stream
+        return self.streaming(response, shown, start, end)
 
     async def get(self, target: str, headers: dict[str, str], shown: str, start: int | None) -> Answer:
         """GET ``target`` (any status comes back): through the builtin client, unless a proxy applies to it or
@@ -401,3 +406,24 @@ class _Streaming:
             await self.stream.aclose()
         finally:
             response.release() if response.content.at_eof() else response.close()
+
+
+class _Opening:
+    """What :meth:`HttpBackend.open` returns: a class rather than an ``asynccontextmanager`` generator, since one
+    is entered per request."""
+
+    __slots__ = ("backend", "end", "expect", "held", "start", "url")
+
+    def __init__(self, backend: HttpBackend, url: str, start: int, end: int | None,
+                 expect: ObjectIdentity | None) -> None:
+        self.backend, self.url, self.start, self.end, self.expect = backend, url, start, end, expect
+        self.held: _Streaming | None = None
+
+    async def __aenter__(self) -> ByteStream:
+        self.held = held = await self.backend.answer(self.url, self.start, self.end, self.expect)
+        return held.stream
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        held, self.held = self.held, None
+        if held is not None:
+            await held.__aexit__(*exc_info)
