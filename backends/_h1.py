@@ -64,7 +64,10 @@ _DNS_TTL = 300.0
 
 
 def _literal_address(host: str, port: int) -> list[Any] | None:
-    """``getaddrinfo``'s answer for an IP literal host (no lookup needed), or None for a name."""
+    """``getaddrinfo``'s answer for an IP literal host (no lookup needed), or None for a name (and for an IPv6
+    literal with a zone, whose scope id only the resolver fills in)."""
+    if "%" in host:
+        return None
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:
@@ -72,6 +75,8 @@ def _literal_address(host: str, port: int) -> list[Any] | None:
     if ip.version == 6:
         return [(socket.AF_INET6, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (host, port, 0, 0))]
     return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (host, port))]
+
+
 #: What an answer's head may take beyond a ranged GET's body, in the receive buffer sized for it (``Wire.expect``).
 HEAD_ROOM = 8 << 10
 

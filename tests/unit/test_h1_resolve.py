@@ -100,3 +100,18 @@ async def test_a_waiter_looks_the_host_up_itself_when_the_first_caller_is_cancel
     finally:
         await pool.aclose()
     assert calls == ["store.test", "store.test"]
+
+
+@pytest.mark.parametrize(("host", "family", "address"), [
+    ("127.0.0.1", socket.AF_INET, ("127.0.0.1", 8080)),
+    ("::1", socket.AF_INET6, ("::1", 8080, 0, 0)),
+    ("fe80::1%eth0", None, None),  # a zone: only the resolver knows its scope id
+    ("store.test", None, None),
+])
+def test_which_hosts_are_their_own_address(host: str, family: Any, address: Any) -> None:
+    from wds_async.backends._h1 import _literal_address
+
+    found = _literal_address(host, 8080)
+    assert (found is None) == (family is None)
+    if found is not None:
+        assert (found[0][0], found[0][1], found[0][4]) == (family, socket.SOCK_STREAM, address)
