@@ -324,7 +324,10 @@ class WebDataset(FluidPipeline):
                 return
         progress = ep.progress
         fresh = progress.done_below == 0 and not progress.done and not progress.pos
-        samples = self._engine(todo, stats, recorder=run.recorder(progress.pos, progress.finished))
+        # In order, as the engine that reads them delivers (a mix's sources: the mix's engine)
+        ordered = (self._shared[0].spec.config if self._shared is not None else self.config).deterministic
+        samples = self._engine(todo, stats, recorder=run.recorder(progress.pos, progress.finished,
+                                                                  one_item_runs=ordered))
         set_path = _path_setter() if self._local else None
         # DataLoader workers only (see stats()); a mix's source leaves that to the mix, which owns the engine.
         stop_publishing = self._worker_stats.publish(stats) if self._shared is None else _no_publishing

@@ -75,10 +75,12 @@ class _Pass:
         self.recorders: list[Recorder] = []
         self.numbered: enumerate[Any] | None = None  # counts the items yielded, where no limit needs a count per item
 
-    def recorder(self, positions: dict[int, int], finished: Callable[[int], None]) -> Recorder:
+    def recorder(self, positions: dict[int, int], finished: Callable[[int], None], *,
+                 one_item_runs: bool = False) -> Recorder:
         """The :class:`Recorder` of a source's samples in this pass: ``positions[item] = end`` of each sample
-        delivered, ``finished(item)`` after an item's last one; flushed by :meth:`flush` before a checkpoint."""
-        recorder = Recorder(positions, finished, self.marks, self.pulled)
+        delivered, ``finished(item)`` after an item's last one; flushed by :meth:`flush` before a checkpoint.
+        ``one_item_runs``: the source's engine delivers items in order (see :class:`Recorder`)."""
+        recorder = Recorder(positions, finished, self.marks, self.pulled, one_item_runs=one_item_runs)
         self.recorders.append(recorder)
         return recorder
 

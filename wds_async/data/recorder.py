@@ -28,11 +28,15 @@ class Recorder:
     next run, the next end of an item, or a checkpoint (:meth:`flush`). Where a tap reads ``[item, offset, end]``
     of every sample as the stage takes it, each is recorded as it is yielded."""
 
-    __slots__ = ("_ahead", "_marks", "_pulled", "_samples", "finished", "positions")
+    __slots__ = ("_ahead", "_marks", "_pulled", "_samples", "finished", "one_item_runs", "positions")
 
     def __init__(self, positions: dict[int, int], finished: Callable[[int], None], marks: dict[int, int],
-                 pulled: list[list[int]]) -> None:
+                 pulled: list[list[int]], *, one_item_runs: bool = False) -> None:
         self.positions = positions
+        #: The source's engine delivers items in order (``deterministic``), so a run (the samples between two
+        #: end-of-item markers) holds samples of one item and a flush writes only the last one taken: the position
+        #: an item's later samples would overwrite anyway. Interleaved delivery writes every sample's.
+        self.one_item_runs = one_item_runs
         self.finished = finished
         self._marks = marks
         self._pulled = pulled
@@ -60,6 +64,10 @@ class Recorder:
         samples = self._samples
         taken = len(samples) - operator.length_hint(self._ahead)
         if taken:
+            if self.one_item_runs:
+                last = samples[taken - 1]
+                self.positions[last.item] = last.end
+                return
             done = samples if taken == len(samples) else samples[:taken]
             self.positions.update(zip(map(_item_of, done), map(_end_of, done)))
 
