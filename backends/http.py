@@ -304,7 +304,12 @@ class HttpBackend:
         """Own a 200/206 ``response`` as a :class:`ByteStream` (an async context manager): on exit the chunk
         iterator is finalised and the connection returns to the pool when the body was read to the end, else it
         is closed."""
-        return _Streaming(self.stream_from(response, shown, start, end), response)
+        try:
+            stream = self.stream_from(response, shown, start, end)
+        except BaseException:
+            response.close()  # an answer whose headers it cannot read: its connection must not stay held
+            raise
+        return _Streaming(stream, response)
 
     def stream_from(self, response: Answer, shown: str, start: int, end: int | None) -> ByteStream:
         """The :class:`ByteStream` of a 200/206 response to a request for ``[start, end)``; a 200 to a

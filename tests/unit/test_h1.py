@@ -259,3 +259,17 @@ async def test_the_aiohttp_client_remains_selectable() -> None:
         assert backend._pool is None
     with pytest.raises(ValueError, match="client must be one of"):
         HttpBackend(client="curl")
+
+
+@pytest.mark.asyncio
+async def test_an_answer_whose_stream_cannot_be_made_frees_its_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    def unreadable(*args: object, **kwargs: object) -> None:
+        raise ValueError("unreadable headers")
+
+    async with scripted(answering(lambda path: b"ok")) as server, http_backend(max_connections=1) as backend:
+        with monkeypatch.context() as patch:
+            patch.setattr(backend, "stream_from", unreadable)
+            with pytest.raises(ValueError, match="unreadable"):
+                await read_all(backend, server.url("/x"))
+        # the pool's one slot was given back: the next request does not wait for it
+        assert await asyncio.wait_for(read_all(backend, server.url("/x")), 5) == b"ok"
