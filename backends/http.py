@@ -21,15 +21,9 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import logging
-import netrc
-import os
 import re
 import ssl
-import urllib.parse
-import urllib.request
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -42,6 +36,7 @@ from wds_async.urls import redact_text, redact_url
 
 from ._errors import map_aiohttp_errors
 from ._h1 import PAUSE_BYTES, READ_BYTES, H1Answer, H1Pool
+from ._httpenv import Environment
 
 __all__ = ["Answer", "HttpBackend"]
 
@@ -88,63 +83,6 @@ _ALLOWANCE = max(2 * READ_BUFSIZE + 2 * _SOCKET_READ, READ_BYTES + PAUSE_BYTES +
 DEFAULT_HEADERS = {"User-Agent": "wds-async", "Accept-Encoding": "identity"}
 
 
-log = logging.getLogger("wds_async")
-
-
-class _Environment:
-    """What aiohttp's ``trust_env=True`` looks up for every request, looked up once per session: the proxies of the
-    environment (``http_proxy``, ``https_proxy``; ``no_proxy`` bypasses them) and ``.netrc`` credentials (``NETRC`` or
-    ``~/.netrc``) for the hosts and the proxies. Answers are kept per (scheme, host)."""
-
-    EMPTY: _Environment
-
-    def __init__(self, *, empty: bool = False) -> None:
-        self.proxies: dict[str, str] = {} if empty else {
-            k: v for k, v in urllib.request.getproxies().items() if k in ("http", "https")}
-        self.netrc = None if empty else _read_netrc()
-        self._answers: dict[tuple[str, str, bool], tuple[str | None, dict[str, str] | None, str | None]] = {}
-
-    def _login(self, host: str | None) -> str | None:
-        """The ``Basic`` credentials .netrc holds for ``host``, as a header value."""
-        found = self.netrc.authenticators(host) if self.netrc is not None and host else None
-        if found is None:
-            return None
-        login, account, password = found
-        return "Basic " + base64.b64encode(f"{login or account or ''}:{password or ''}".encode()).decode("ascii")
-
-    def for_url(self, url: str, authorized: bool) -> tuple[str | None, dict[str, str] | None, str | None]:
-        """``(proxy, proxy_headers, authorization)`` for a request to ``url`` (``authorized``: it carries its own
-        Authorization header, so no .netrc login is added)."""
-        parts = urllib.parse.urlsplit(url)
-        key = (parts.scheme, parts.hostname or "", authorized)
-        answer = self._answers.get(key)
-        if answer is None:
-            proxy = self.proxies.get(parts.scheme)
-            if proxy is not None and parts.hostname and urllib.request.proxy_bypass(parts.hostname):
-                proxy = None
-            proxy_headers = None
-            if proxy is not None and not urllib.parse.urlsplit(proxy).username:
-                login = self._login(urllib.parse.urlsplit(proxy).hostname)
-                proxy_headers = {"Proxy-Authorization": login} if login else None
-            answer = (proxy, proxy_headers, None if authorized else self._login(parts.hostname))
-            self._answers[key] = answer
-        return answer
-
-
-_Environment.EMPTY = _Environment(empty=True)
-
-
-def _read_netrc() -> netrc.netrc | None:
-    path = os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
-    if not os.path.isfile(path):
-        return None
-    try:
-        return netrc.netrc(path)
-    except (OSError, netrc.NetrcParseError) as exc:
-        log.warning("wds-async: cannot read %s (%s); requests go without its logins", path, exc)
-        return None
-
-
 class HttpBackend:
     """Streams http(s) objects with ranged GETs: the builtin HTTP/1.1 client's pool, or aiohttp's session."""
 
@@ -178,14 +116,14 @@ class HttpBackend:
         self._session: aiohttp.ClientSession | None = None
         self._pool: H1Pool | None = None
         self._tls: ssl.SSLContext | None = None
-        self._env = _Environment.EMPTY
+        self._env = Environment.EMPTY
         self._env_read = False
 
     def _read_environment(self) -> None:
         """Look up the proxies and .netrc once, at the first request of either client."""
         if not self._env_read:
             self._env_read = True
-            self._env = _Environment()
+            self._env = Environment()
 
     def _tls_context(self) -> ssl.SSLContext:
         """The verifying TLS context of the builtin client (made at its first https connection: loading the
@@ -214,7 +152,7 @@ class HttpBackend:
             tls: ssl.SSLContext | bool = ssl.create_default_context(cafile=self.ca_file) if self.ca_file else True
             connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, ttl_dns_cache=300, ssl=tls)
             # trust_env=False: aiohttp would read .netrc and the proxy variables again on every request, two thread
-            # hops each time (about 300 us a request on two busy cores); _Environment reads them once instead.
+            # hops each time (about 300 us a request on two busy cores); Environment reads them once instead.
             self._read_environment()
             self._session = aiohttp.ClientSession(
                 connector=connector, timeout=self._timeout, auto_decompress=False, trust_env=False,
