@@ -24,6 +24,7 @@ the engine's TaskGroup for such tasks and :meth:`ItemSource.close` ends them.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -86,23 +87,10 @@ class StoreSource:
         return None
 
     def open(self, url: str, *, whole: bool, backend: Backend) -> AbstractAsyncContextManager[OpenedItem]:
-        return _Ready(OpenedItem(backend))
+        # Nothing to set up or tear down, so no asynccontextmanager generator: one is entered per item, and a
+        # random-access read is an item per sample
+        return contextlib.nullcontext(OpenedItem(backend))
 
     def close(self) -> None:
         return None
 
-
-class _Ready:
-    """An item that is open already: nothing to set up or tear down (a class, not an ``asynccontextmanager``
-    generator: one is entered per item, and a random-access read is an item per sample)."""
-
-    __slots__ = ("item",)
-
-    def __init__(self, item: OpenedItem) -> None:
-        self.item = item
-
-    async def __aenter__(self) -> OpenedItem:
-        return self.item
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        return None
