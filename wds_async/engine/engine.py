@@ -65,6 +65,9 @@ _GROUP = BaseExceptionGroup
 #: The byte-budget allowance of one open http(s) stream (``HttpBackend.capabilities.buffer_allowance``): the engine
 #: allows at most as many streams as fit in half the budget.
 STREAM_ALLOWANCE = 640 << 10
+#: Readers started per turn of the loop at the start: between turns the loop polls, so the first readers'
+#: connections complete (and their requests go out) while the rest are set up, not after all of them.
+START_AT_ONCE = 8
 
 
 
@@ -179,8 +182,10 @@ class Engine:
                         readers.create_task(self._dispatch(shards, readers))
                     else:
                         count = len(self.urls) if isinstance(self.urls, Sized) else cap
-                        for _ in range(min(cap, count)):  # the limiter, not the task count, sets the concurrency
+                        for n in range(min(cap, count)):  # the limiter, not the task count, sets the concurrency
                             readers.create_task(self._reader(shards))
+                            if n % START_AT_ONCE == START_AT_ONCE - 1:
+                                await asyncio.sleep(0)
                 for task in (logger, tuning):
                     if task is not None:
                         task.cancel()
