@@ -17,6 +17,8 @@ The map of the package, one job per module, each importing only the ones below i
   to its face, applies its knobs and answers ``/_stats``. Its docstring documents every face and knob.
 * ``s3`` and ``s3_wire``: the S3 face (and the plain face), and S3's XML.
 * ``gcs``, ``gcs_json`` and ``gcs_upload``: the GCS face (the JSON API), its JSON, and its uploads.
+* ``fastpath``: the plainest reads (a plain-face GET/HEAD of an object, no query, no condition) answered on the
+  connection without aiohttp where the knobs inject no fault; any other request hands the connection to aiohttp.
 * ``sender``: the hot path, a paced and faulted GET/HEAD of one mapped object.
 * ``listing``: a bucket's keys in sorted pages.
 * ``objects``: the file layer (objects are files under the root, mapped once, replaced whole).

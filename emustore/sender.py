@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Mapping
+from typing import Protocol
 
 from aiohttp import web
 
@@ -19,10 +20,16 @@ from emustore.http import StoreError
 from emustore.knobs import Plan
 from emustore.objects import TYPES, StoredObject
 
-__all__ = ["Sender"]
+__all__ = ["Sender", "Writer", "parse_range"]
 
 _MIN_CHUNK = 64 << 10
 _MAX_CHUNK = 256 << 10
+
+
+class Writer(Protocol):
+    """Where :meth:`Sender.send` writes a body's pieces: an aiohttp response, or a fast-path connection."""
+
+    async def write(self, data: memoryview, /) -> None: ...
 
 
 class _SharedClock:
@@ -62,7 +69,7 @@ class Sender:
             return web.Response(status=304, headers={"ETag": obj.etag, "Last-Modified": obj.last_modified})
         if not plan.knobs.ignore_range:
             headers["Accept-Ranges"] = "bytes"
-            span = _parse_range(request.headers.get("Range"), size)
+            span = parse_range(request.headers.get("Range"), size)
             if isinstance(span, str):  # "unsatisfiable"
                 raise StoreError(416, "InvalidRange", "The requested range is not satisfiable",
                                  headers={"Content-Range": f"bytes */{size}"})
@@ -82,7 +89,7 @@ class Sender:
             await resp.prepare(request)
             if request.method == "HEAD" or end == start:
                 return resp
-            await self._send(resp, obj.view, start, cut if cut is not None else end, plan, stall_at)
+            await self.send(resp, obj.view, start, cut if cut is not None else end, plan, stall_at)
         except ConnectionError:
             return resp  # the client went away; aiohttp finishes quietly
         if cut is not None and request.transport is not None:
@@ -90,7 +97,7 @@ class Sender:
             request.transport.close()  # flushes what was written, then FIN: a short body
         return resp
 
-    async def _send(self, resp: web.StreamResponse, view: memoryview, pos: int, stop: int,
+    async def send(self, resp: Writer, view: memoryview, pos: int, stop: int,
                     plan: Plan, stall_at: int) -> None:
         """Write view[pos:stop] paced by a per-response clock started at the first byte."""
         loop = asyncio.get_running_loop()
@@ -124,7 +131,7 @@ class Sender:
                 await asyncio.sleep(0)  # write() only yields when the transport is paused
 
 
-def _parse_range(header: str | None, size: int) -> tuple[int, int] | str | None:
+def parse_range(header: str | None, size: int) -> tuple[int, int] | str | None:
     """One ``bytes=`` range as a half-open (start, end); None to serve it all; "unsatisfiable".
 
     Malformed and multi-range headers are ignored (RFC 9110 allows answering them with 200).

@@ -61,7 +61,9 @@ One job per module, imported downward only (this entry point imports the faces, 
 under them): ``server`` routes a request to its face, applies its knobs and answers ``/_stats``;
 ``knobs`` holds `Knobs` and one request's plan; ``http`` routed calls, error answers and request
 bodies; ``objects`` the file layer; ``listing`` sorted pages of keys; ``sender`` the paced GET/HEAD of
-an object; ``s3`` and ``s3_wire`` the S3 and plain faces; ``gcs``, ``gcs_json`` and ``gcs_upload`` the
+an object; ``fastpath`` that GET/HEAD answered without aiohttp where nothing else is asked of it (a server
+whose knobs inject no fault, over plain http: the rest of every such connection goes to aiohttp once it asks
+anything else); ``s3`` and ``s3_wire`` the S3 and plain faces; ``gcs``, ``gcs_json`` and ``gcs_upload`` the
 GCS face. The package's docstring (:mod:`emustore`) is the map of the whole package.
 """
 
@@ -84,6 +86,7 @@ from typing import Any
 
 from aiohttp import web
 
+from emustore.fastpath import FastGets, fast_enabled
 from emustore.gcs import GCS_ROOTS, Gcs
 from emustore.gcs_json import gcs_error
 from emustore.http import CONTINUED, OBJECT, WRITE, StoreError, expects_continue
@@ -247,6 +250,27 @@ def _slow_down(face: str, retry_after: str) -> web.Response:
                         headers={"Retry-After": retry_after})
 
 
+class _FastRunner(web.ServerRunner):
+    """aiohttp's runner, whose sites start each connection on the fast path (:mod:`emustore.fastpath`); aiohttp's
+    server still serves every connection handed to it, and shuts down as before."""
+
+    def __init__(self, server: web.Server, fast: FastGets, **kwargs: Any) -> None:
+        super().__init__(server, **kwargs)
+        self._fast = fast
+
+    @property
+    def fast(self) -> FastGets:
+        return self._fast
+
+    @property
+    def server(self) -> Any:  # the protocol factory the sites listen with
+        return self._fast if self._server is not None else None
+
+    async def shutdown(self) -> None:
+        self._fast.close_all()
+        await super().shutdown()
+
+
 def server_tls(cert_dir: str | os.PathLike[str], host: str = "127.0.0.1") -> ssl.SSLContext:
     """A server TLS context for ``host``, 127.0.0.1 and localhost, signed by a new throwaway CA whose
     certificate is written to ``cert_dir``/ca.pem (the file clients are told to trust)."""
@@ -267,11 +291,12 @@ def server_tls(cert_dir: str | os.PathLike[str], host: str = "127.0.0.1") -> ssl
 
 async def start_store(root: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 0,
                       knobs: Knobs = Knobs(),  # noqa: B008 - frozen, so one shared default is safe
-                      *, verbose: bool = False,
-                      ssl_context: ssl.SSLContext | None = None) -> tuple[web.BaseRunner, int]:
+                      *, verbose: bool = False, ssl_context: ssl.SSLContext | None = None,
+                      fast: bool = True) -> tuple[web.BaseRunner, int]:
     """Start serving ``root`` on the running loop; return the runner (``await runner.cleanup()``) and port.
 
-    With ``ssl_context`` (see :func:`server_tls`) it serves https.
+    With ``ssl_context`` (see :func:`server_tls`) it serves https. ``fast=False`` serves every request through
+    aiohttp (:mod:`emustore.fastpath` answers the plainest reads by itself where the knobs allow).
     """
     host = check_host(host)
     # Once, at startup, before anything is served: nothing on the loop waits for these two stats.
@@ -282,7 +307,11 @@ async def start_store(root: str | os.PathLike[str], host: str = "127.0.0.1", por
     access_log = logging.getLogger("aiohttp.access") if verbose else None
     server = web.Server(store.handle, handler_cancellation=True, access_log=access_log)
     # A short shutdown grace: in-flight (stalled, paced) responses are cut, not waited for.
-    runner = web.ServerRunner(server, shutdown_timeout=0.5)
+    runner: web.ServerRunner
+    if fast and fast_enabled(knobs, ssl_context is not None) and not verbose:  # verbose: aiohttp's access log of every request
+        runner = _FastRunner(server, FastGets(store, server, GCS_ROOTS), shutdown_timeout=0.5)
+    else:
+        runner = web.ServerRunner(server, shutdown_timeout=0.5)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
