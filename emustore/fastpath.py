@@ -26,13 +26,14 @@ from collections.abc import Callable
 from email.utils import formatdate
 from typing import Any, cast
 
+from aiohttp import web
 from aiohttp.http import SERVER_SOFTWARE
 
 from emustore.knobs import Knobs, Plan
 from emustore.objects import TYPES
 from emustore.sender import parse_range
 
-__all__ = ["FastGets", "fast_enabled"]
+__all__ = ["FastGets", "FastRunner", "fast_enabled"]
 
 _MAX_HEAD = 16 << 10  # a longer head goes to aiohttp, which answers it (431) as it would
 _PLAIN = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~/")
@@ -239,3 +240,24 @@ class _Connection(asyncio.Protocol):
         if self.paused:
             self.drained = asyncio.get_running_loop().create_future()
             await self.drained
+
+
+class FastRunner(web.ServerRunner):
+    """aiohttp's runner, whose sites start each connection on the fast path (:mod:`emustore.fastpath`); aiohttp's
+    server still serves every connection handed to it, and shuts down as before."""
+
+    def __init__(self, server: web.Server, fast: FastGets, **kwargs: Any) -> None:
+        super().__init__(server, **kwargs)
+        self._fast = fast
+
+    @property
+    def fast(self) -> FastGets:
+        return self._fast
+
+    @property
+    def server(self) -> Any:  # the protocol factory the sites listen with
+        return self._fast if self._server is not None else None
+
+    async def shutdown(self) -> None:
+        self._fast.close_all()
+        await super().shutdown()

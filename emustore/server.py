@@ -86,7 +86,7 @@ from typing import Any
 
 from aiohttp import web
 
-from emustore.fastpath import FastGets, fast_enabled
+from emustore.fastpath import FastGets, FastRunner, fast_enabled
 from emustore.gcs import GCS_ROOTS, Gcs
 from emustore.gcs_json import gcs_error
 from emustore.http import CONTINUED, OBJECT, WRITE, StoreError, expects_continue
@@ -250,27 +250,6 @@ def _slow_down(face: str, retry_after: str) -> web.Response:
                         headers={"Retry-After": retry_after})
 
 
-class _FastRunner(web.ServerRunner):
-    """aiohttp's runner, whose sites start each connection on the fast path (:mod:`emustore.fastpath`); aiohttp's
-    server still serves every connection handed to it, and shuts down as before."""
-
-    def __init__(self, server: web.Server, fast: FastGets, **kwargs: Any) -> None:
-        super().__init__(server, **kwargs)
-        self._fast = fast
-
-    @property
-    def fast(self) -> FastGets:
-        return self._fast
-
-    @property
-    def server(self) -> Any:  # the protocol factory the sites listen with
-        return self._fast if self._server is not None else None
-
-    async def shutdown(self) -> None:
-        self._fast.close_all()
-        await super().shutdown()
-
-
 def server_tls(cert_dir: str | os.PathLike[str], host: str = "127.0.0.1") -> ssl.SSLContext:
     """A server TLS context for ``host``, 127.0.0.1 and localhost, signed by a new throwaway CA whose
     certificate is written to ``cert_dir``/ca.pem (the file clients are told to trust)."""
@@ -309,7 +288,7 @@ async def start_store(root: str | os.PathLike[str], host: str = "127.0.0.1", por
     # A short shutdown grace: in-flight (stalled, paced) responses are cut, not waited for.
     runner: web.ServerRunner
     if fast and fast_enabled(knobs, ssl_context is not None) and not verbose:  # verbose: aiohttp's access log of every request
-        runner = _FastRunner(server, FastGets(store, server, GCS_ROOTS), shutdown_timeout=0.5)
+        runner = FastRunner(server, FastGets(store, server, GCS_ROOTS), shutdown_timeout=0.5)
     else:
         runner = web.ServerRunner(server, shutdown_timeout=0.5)
     await runner.setup()

@@ -18,8 +18,7 @@ import pytest
 import pytest_asyncio
 
 from emustore import Knobs, start_store
-from emustore.fastpath import FastGets
-from emustore.server import _FastRunner
+from emustore.fastpath import FastGets, FastRunner
 from tests.servers.plain import SHARD
 
 pytestmark = pytest.mark.asyncio
@@ -30,7 +29,7 @@ async def stores(root: Path) -> AsyncIterator[tuple[int, int, FastGets]]:
     """(the fast store's port, the other's port, the fast path's own object)."""
     fast, fast_port = await start_store(root, knobs=Knobs(seed=0))
     slow, slow_port = await start_store(root, knobs=Knobs(seed=0), fast=False)
-    assert isinstance(fast, _FastRunner) and not isinstance(slow, _FastRunner)
+    assert isinstance(fast, FastRunner) and not isinstance(slow, FastRunner)
     try:
         yield fast_port, slow_port, fast.fast
     finally:
@@ -152,7 +151,7 @@ async def test_pacing_and_a_client_that_leaves(root: Path) -> None:
     """``ttfb`` and ``bw`` pace the fast path too; a client that leaves mid-body leaves nothing active."""
     size = (root / SHARD).stat().st_size
     runner, port = await start_store(root, knobs=Knobs(ttfb=0.2, bw=4e6))
-    assert isinstance(runner, _FastRunner)
+    assert isinstance(runner, FastRunner)
     try:
         start = time.monotonic()
         ((status, _, body),) = await _exchange(port, _get(f"/{SHARD}", "Range: bytes=0-399999"), 1)
@@ -189,7 +188,7 @@ async def test_cleanup_closes_open_fast_connections(root: Path) -> None:
 async def test_fault_knobs_keep_every_request_on_aiohttp(root: Path, knobs: Knobs) -> None:
     runner, _ = await start_store(root, knobs=knobs)
     try:
-        assert not isinstance(runner, _FastRunner)
+        assert not isinstance(runner, FastRunner)
     finally:
         await runner.cleanup()
 
