@@ -5,9 +5,10 @@ through aiohttp's server cost the store 150-200 µs of CPU (a task, a request an
 the headers written through its writer), as much as half of what the loader spends on the same random-access
 sample; a real object store spends none of the client's cores. A server whose knobs inject no fault (no
 ``fail_rate``, ``drop_rate``, ``ignore_range`` nor ``max_concurrent``) and serves plain http starts every
-connection here. Each request is answered here only when it is the plainest read: ``GET``/``HEAD`` over HTTP/1.1, a
-path of plain characters (no query, no ``%``-escape, no dot segment), no body, no condition (``If-*``), no
-signature (``Authorization``, ``x-amz-*``), of a file that exists, with a satisfiable range or none. The first request
+connection here. Each request is answered here only when it is the plainest read: ``GET``/``HEAD`` over HTTP/1.1 with
+a ``Host``, a path of plain characters (no query, no ``%``-escape, no dot segment), no body, no condition (``If-*``),
+no signature (``Authorization``, ``x-amz-*``), well-formed header lines (each field once, ``Connection`` at most
+``keep-alive`` or ``close``) within 8190 bytes, of a file that exists, with a satisfiable range or none. The first request
 that is anything else (another face, a query, ``/_stats``, a missing object, an error) hands the connection, with
 the bytes read so far, to aiohttp (``transport.set_protocol``) for good, which answers it as it always did.
 
@@ -35,8 +36,12 @@ from emustore.sender import parse_range
 
 __all__ = ["FastGets", "FastRunner", "fast_enabled"]
 
-_MAX_HEAD = 16 << 10  # a longer head goes to aiohttp, which answers it (431) as it would
+#: A longer head goes to aiohttp, whichever its lines: one line that long is over aiohttp's limit for a line (8190
+#: bytes), which it answers with a 400, and a head of many shorter lines it answers as always.
+_MAX_HEAD = 8190
 _PLAIN = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~/")
+_TOKEN = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789!#$%&'*+-.^_`|~")  # a field name
+_CONTROL = bytes(range(0, 9)) + bytes(range(10, 32)) + b"\x7f"  # never in a field value (a tab is)
 #: Request headers that make a request something other than the plainest read (aiohttp answers it).
 _DECLINED = frozenset({"authorization", "if-match", "if-none-match", "if-modified-since", "if-unmodified-since",
                        "if-range", "expect", "content-length", "transfer-encoding", "upgrade"})
@@ -74,12 +79,16 @@ def _parse(head: bytes) -> tuple[str, str, dict[str, str]] | None:
     headers: dict[str, str] = {}
     for line in lines[1:]:
         name, sep, value = line.partition(b":")
-        if not sep or not name or name != name.strip():
-            return None
+        if not sep or not name or not _TOKEN.issuperset(name) or len(value.translate(None, _CONTROL)) != len(value):
+            return None  # aiohttp refuses it (400)
         key = name.decode("latin-1").lower()
         if key in headers or key in _DECLINED or key.startswith("x-amz-"):
             return None
         headers[key] = value.strip(b" \t").decode("latin-1")
+    if "host" not in headers:
+        return None  # aiohttp refuses an HTTP/1.1 request without one (400)
+    if headers.get("connection", "keep-alive").lower() not in ("keep-alive", "close"):
+        return None  # a list of options: aiohttp's reading of it
     return parts[0].decode(), target.decode(), headers
 
 
@@ -180,8 +189,8 @@ class _Connection(asyncio.Protocol):
     def _next(self) -> None:
         """Start answering the next whole request in the buffer, or hand the connection to aiohttp."""
         end = self.buf.find(b"\r\n\r\n")
-        if end < 0:
-            if len(self.buf) > _MAX_HEAD:
+        if end < 0 or end > _MAX_HEAD:
+            if end > _MAX_HEAD or len(self.buf) > _MAX_HEAD:
                 self._hand_over()
             return
         parsed = _parse(bytes(self.buf[:end]))

@@ -87,6 +87,9 @@ REQUESTS = [
     _get(f"/{SHARD}", "Range: bytes=0-9", method="HEAD"),
     _get(f"/{SHARD}", method="HEAD"),
     _get(f"/{SHARD}", "Range: bytes=0-9", "Connection: close"),
+    _get(f"/{SHARD}", "Range: bytes=0-9", "Connection: Close"),
+    _get(f"/{SHARD}", "Range: bytes=0-9").replace(b"Host: 127.0.0.1", b"Host: a b"),  # neither checks it
+    f"GET /{SHARD} HTTP/1.1\r\nhOsT: 127.0.0.1\r\nRange: bytes=3-4\r\n\r\n".encode(),  # names in any case
 ]
 FAST = len(REQUESTS)
 REQUESTS += [
@@ -101,6 +104,12 @@ REQUESTS += [
     _get(f"/{SHARD}", "Range: bytes=0-9", "X-Amz-Date: 20260101T000000Z"),  # the S3 face
     _get(f"/{SHARD}", "Range: bytes=0-9").replace(b"HTTP/1.1", b"HTTP/1.0"),
     _get(f"/{SHARD}", "Range: bytes=0-9", " folded"),  # an obsolete line folding
+    f"GET /{SHARD} HTTP/1.1\r\nRange: bytes=3-4\r\n\r\n".encode(),  # no Host: aiohttp's 400
+    _get(f"/{SHARD}", "Range: bytes=0-9", "Connection: keep-alive, close"),
+    _get(f"/{SHARD}", "Range: bytes=0-9", "Bad Name: x"),  # not a token: aiohttp's 400
+    _get(f"/{SHARD}", "Range: bytes=0-9", "X-Bad: a\x01b"),  # a control byte in a value
+    _get(f"/{SHARD}", "Range: bytes=0-9", "X-Long: " + "a" * 9000),  # a line over aiohttp's limit: its 400
+    _get(f"/{SHARD}", "Range: bytes=0-9", *(f"X-{i}: " + "a" * 100 for i in range(90))),  # a long head
 ]
 
 
