@@ -21,7 +21,6 @@ and ``total_bw``) and the same counters (``requests``, ``active``, ``peak_active
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Callable
 from email.utils import formatdate
@@ -31,8 +30,7 @@ from aiohttp import web
 from aiohttp.http import SERVER_SOFTWARE
 
 from emustore.knobs import Knobs, Plan
-from emustore.objects import TYPES
-from emustore.sender import parse_range
+from emustore.sender import object_headers, parse_range
 
 __all__ = ["FastGets", "FastRunner", "fast_enabled"]
 
@@ -126,14 +124,13 @@ class FastGets:
         span = parse_range(headers.get("range"), size)
         if isinstance(span, str):
             return None  # unsatisfiable: aiohttp's 416
-        lines = [f"ETag: {obj.etag}", f"Last-Modified: {obj.last_modified}",
-                 f"Content-Type: {TYPES.get(os.path.splitext(path)[1], 'application/octet-stream')}",
-                 "Accept-Ranges: bytes"]
+        headers = object_headers(obj, path)
+        headers["Accept-Ranges"] = "bytes"
         if span is not None:
             start, end, status = span[0], span[1], 206
-            lines.append(f"Content-Range: bytes {start}-{end - 1}/{size}")
-        lines.append(f"Content-Length: {end - start}")
-        return obj, start, end, status, lines
+            headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+        headers["Content-Length"] = str(end - start)
+        return obj, start, end, status, [f"{name}: {value}" for name, value in headers.items()]
 
     def head(self, status: int, lines: list[str], close: bool) -> bytes:
         """The answer's head, dated now."""

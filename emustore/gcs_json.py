@@ -16,7 +16,7 @@ from urllib.parse import quote
 from aiohttp import web
 
 from emustore.http import StoreError, iso
-from emustore.objects import TYPES, Digests, etag_for
+from emustore.objects import Digests, content_type, etag_for
 
 __all__ = ["check_generation", "file_generation", "gcs_error", "goog_hash", "json_body", "object_json",
            "parse_goog_hash"]
@@ -44,7 +44,7 @@ def object_json(request: web.BaseRequest, bucket: str, name: str, size: int, mti
         "selfLink": f"{base}/storage/v1/b/{where}/o/{quoted}",
         "mediaLink": f"{base}/download/storage/v1/b/{where}/o/{quoted}?generation={generation}&alt=media",
         "name": name, "bucket": bucket, "generation": generation, "metageneration": "1",
-        "contentType": TYPES.get(os.path.splitext(name)[1], "application/octet-stream"),
+        "contentType": content_type(name),
         "storageClass": "STANDARD", "size": str(size), "etag": etag_for(size, mtime_ns).strip('"'),
         "timeCreated": stamp, "updated": stamp, "timeStorageClassUpdated": stamp,
     }

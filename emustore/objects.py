@@ -35,8 +35,8 @@ from aiohttp import web
 from emustore.http import BODY_ERRORS, StoreError, send_continue
 
 __all__ = [
-    "HIDDEN", "TYPES", "Digests", "Files", "StoredObject", "collision", "concat", "etag_for", "file_digests",
-    "finished", "safe_parts", "unlink_quiet",
+    "HIDDEN", "TYPES", "Digests", "Files", "StoredObject", "collision", "concat", "content_type", "etag_for",
+    "file_digests", "finished", "safe_parts", "unlink_quiet",
 ]
 
 HIDDEN = ".wds-"  # the store's own files: temporary writes and the upload staging folder
@@ -281,6 +281,11 @@ def safe_parts(name: str) -> list[str] | None:
     if any(p in ("", ".", "..") or p.startswith(HIDDEN) or "\\" in p or "\0" in p for p in parts):
         return None
     return parts
+
+
+def content_type(name: str) -> str:
+    """The Content-Type the store gives an object of this name (by its extension)."""
+    return TYPES.get(os.path.splitext(name)[1], "application/octet-stream")
 
 
 def etag_for(size: int, mtime_ns: int) -> str:

@@ -10,7 +10,6 @@ of the server books. It counts ``bytes_sent`` and ``dropped`` for ``/_stats``.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -18,9 +17,9 @@ from aiohttp import web
 
 from emustore.http import StoreError
 from emustore.knobs import Plan
-from emustore.objects import TYPES, StoredObject
+from emustore.objects import StoredObject, content_type
 
-__all__ = ["Sender", "Writer", "parse_range"]
+__all__ = ["Sender", "Writer", "object_headers", "parse_range"]
 
 _MIN_CHUNK = 64 << 10
 _MAX_CHUNK = 256 << 10
@@ -55,8 +54,7 @@ class Sender:
                     extra: Mapping[str, str] | None = None) -> web.StreamResponse:
         """Answer a GET/HEAD of ``obj`` (ranges, conditions, drops, stalls); ``extra`` adds headers."""
         size = obj.size
-        headers = {"ETag": obj.etag, "Last-Modified": obj.last_modified,
-                   "Content-Type": TYPES.get(os.path.splitext(request.path)[1], "application/octet-stream")}
+        headers = object_headers(obj, request.path)
         if extra:
             headers.update(extra)
         start, end, status = 0, size, 200
@@ -129,6 +127,13 @@ class Sender:
             self.bytes_sent += n
             if not slept:
                 await asyncio.sleep(0)  # write() only yields when the transport is paused
+
+
+def object_headers(obj: StoredObject, path: str) -> dict[str, str]:
+    """The headers every answer with ``obj``'s bytes carries (aiohttp's path and the fast path,
+    :mod:`emustore.fastpath`): its ETag, Last-Modified and the Content-Type of its name."""
+    return {"ETag": obj.etag, "Last-Modified": obj.last_modified,
+            "Content-Type": content_type(path)}
 
 
 def parse_range(header: str | None, size: int) -> tuple[int, int] | str | None:

@@ -93,4 +93,3 @@ class StoreSource:
 
     def close(self) -> None:
         return None
-
