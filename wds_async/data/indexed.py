@@ -45,7 +45,7 @@ import copy
 import multiprocessing.util
 import operator
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..backends.pipe import pipes_allowed
@@ -58,12 +58,10 @@ from ..io import import_backends, scheme_options, validate_url
 from ..node import share_config
 from ..stats import SharedStats
 from ..urls import expand_urls, redact_url, scheme_of
-from . import handlers as _handlers
 from ._torch import HAVE_TORCH
 from .inherited import inherited_order, watch_forks
 from .reads import ProcessReads, ShardLayout
-from .stages import factories as _f
-from .stages.base import Stage
+from .sample_stages import SampleStages
 from .topology import worker_info
 
 if TYPE_CHECKING or HAVE_TORCH:
@@ -89,7 +87,7 @@ START_CONNECTIONS = 64
 COALESCE_BYTES = 8 << 20
 
 
-class IndexedWebDataset(_MapBase[Any]):
+class IndexedWebDataset(SampleStages, _MapBase[Any]):
     """Random access to the samples of ``urls`` through their shard ``index`` (see the module docstring).
 
     Args:
@@ -205,7 +203,7 @@ class IndexedWebDataset(_MapBase[Any]):
             self._starts.append(total)
             total += count
         self._len = total
-        self._stages: list[Stage] = []
+        self._stages = []
         self.layout = ShardLayout(self.urls, self.entries, self.counts, coalesce_bytes, self.cache,
                                   local=any(scheme_of(u) == "file" for u in self.urls))
         self._proc: ProcessReads | None = None
@@ -350,54 +348,6 @@ class IndexedWebDataset(_MapBase[Any]):
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({redact_url(self.urls[0])!r}{' ...' if len(self.urls) > 1 else ''}, "
                 f"{len(self.urls)} shards, {self._len} samples, stages={len(self._stages)})")
-
-    # -- per-sample stages -----------------------------------------------------------------------
-    def _apply(self, sample: Any) -> Any:
-        for stage in self._stages:
-            out = list(stage([sample]))
-            if len(out) != 1:
-                raise ValueError(f"stage {stage!r} turned one sample into {len(out)}: a map-style dataset needs "
-                                 "exactly one item per index (filter with a sampler, batch with the DataLoader)")
-            sample = out[0]
-        return sample
-
-    def compose(self, *stages: Callable[[Iterator[Any]], Iterator[Any]]) -> Self:
-        """A copy with ``stages`` (``iterator -> iterator``, one item out per item in) applied to every sample."""
-        new = copy.copy(self)
-        new._stages = [*self._stages, *(s if isinstance(s, Stage) else Stage(_call, s) for s in stages)]
-        return new
-
-    def map(self, f: Callable[[Any], Any], handler: Any = None) -> Self:
-        return self.compose(_f.map(f, handler=_handlers.resolve_handler(handler)))
-
-    def decode(self, *args: Any, **kw: Any) -> Self:
-        """As :meth:`wds_async.WebDataset.decode` (a decoding error raises; there is no sample to skip to)."""
-        return self.compose(_f.decode(*args, **kw))
-
-    def to_tuple(self, *keys: str, missing_is_error: bool = True) -> Self:
-        return self.compose(_f.to_tuple(*keys, missing_is_error=missing_is_error))
-
-    def map_dict(self, **kw: Callable[[Any], Any]) -> Self:
-        return self.compose(_f.map_dict(**kw))
-
-    def map_tuple(self, *fs: Callable[[Any], Any] | None) -> Self:
-        return self.compose(_f.map_tuple(*fs))
-
-    def rename(self, keep: bool = True, **kw: str) -> Self:
-        return self.compose(_f.rename(keep=keep, **kw))
-
-    def rename_keys(self, *args: tuple[str, str], **kw: Any) -> Self:
-        return self.compose(_f.rename_keys(*args, **kw))
-
-    def extract_keys(self, *patterns: str | list[str], **kw: Any) -> Self:
-        return self.compose(_f.extract_keys(*patterns, **kw))
-
-    def xdecode(self, *args: tuple[str, Callable[[Any], Any]], **kw: Any) -> Self:
-        return self.compose(_f.xdecode(*args, **kw))
-
-
-def _call(data: Iterable[Any], fn: Callable[[Iterable[Any]], Iterator[Any]]) -> Iterator[Any]:
-    return fn(data)
 
 
 watch_forks(IndexedWebDataset)  # forked DataLoader workers read ahead along RandomSampler's order too
