@@ -1,4 +1,4 @@
-"""Fixtures of the mix tests (``test_mix.py``, ``test_mix_state.py``): five small datasets a..e on the emulated
+"""Fixtures of the mix tests (``test_mix.py``, ``test_mix_errors.py``, ``test_mix_state.py``): five small datasets a..e on the emulated
 store, one store per module; the helpers that go with them are in :mod:`tests.data.mixes`."""
 
 from __future__ import annotations
