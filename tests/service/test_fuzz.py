@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 import wds_async as wds
 from tests.conftest import sample_digest
+from tests.service.clients import frame
 from wds_async.service import ServiceHandle, service_status, start_service
 from wds_async.service.protocol import VERSION, FrameDecoder
 
@@ -91,10 +92,6 @@ def _message(draw: st.DrawFn, urls: st.SearchStrategy[str], socket_path: str) ->
     return draw(_mutated(templates[kind], keys))
 
 
-def _frame(body: bytes) -> bytes:
-    return struct.pack(">I", len(body)) + body
-
-
 @st.composite
 def _streams(draw: st.DrawFn, store_url: str, shard: str, socket_path: str) -> tuple[bool, bytes]:
     """``(hello_first, bytes)``: a few pieces, each a frame of a random message, a frame of random bytes,
@@ -103,16 +100,16 @@ def _streams(draw: st.DrawFn, store_url: str, shard: str, socket_path: str) -> t
     for _ in range(draw(st.integers(1, 4))):
         kind = draw(st.sampled_from(["message", "message", "message", "body", "raw", "cut", "liar", "nested"]))
         if kind == "message":
-            pieces.append(_frame(json.dumps(draw(_message(_urls(store_url, shard), socket_path))).encode()))
+            pieces.append(frame(json.dumps(draw(_message(_urls(store_url, shard), socket_path))).encode()))
         elif kind == "nested":  # deeper than any JSON parser recursion limit
             depth = draw(st.integers(1, 100_000))
-            pieces.append(_frame(b"[" * depth + b"]" * depth))
+            pieces.append(frame(b"[" * depth + b"]" * depth))
         elif kind == "body":
-            pieces.append(_frame(draw(st.binary(max_size=64))))
+            pieces.append(frame(draw(st.binary(max_size=64))))
         elif kind == "raw":
             pieces.append(draw(st.binary(min_size=1, max_size=64)))
         elif kind == "cut":
-            whole = _frame(json.dumps(draw(_message(_urls(store_url, shard), socket_path))).encode())
+            whole = frame(json.dumps(draw(_message(_urls(store_url, shard), socket_path))).encode())
             pieces.append(whole[:draw(st.integers(0, len(whole) - 1))])
         else:
             pieces.append(struct.pack(">I", draw(st.integers(0, 2**32 - 1))) + draw(st.binary(max_size=32)))
@@ -127,7 +124,7 @@ def _exchange(path: str, hello_first: bool, data: bytes) -> None:
     try:
         sock.connect(path)
         if hello_first:
-            sock.sendall(_frame(json.dumps({"type": "hello", "version": VERSION, "pid": os.getpid(),
+            sock.sendall(frame(json.dumps({"type": "hello", "version": VERSION, "pid": os.getpid(),
                                             "socket": path}).encode()))
             decoder = FrameDecoder("the service", 64 << 20)
             while not decoder.feed(_recv(sock, 10)):

@@ -1,20 +1,17 @@
 """The node service against hostile and careless clients: every probe of the hardening review, each run in a
 process of its own (:mod:`tests.service.probes`) against a real ``wds-async serve`` subprocess.
 
-Each test names what it guards; those marked *held* passed before the hardening and must keep passing."""
+Each test names what it guards; those marked *held* passed before the hardening and must keep passing (more of them
+in ``test_hardening_held.py``)."""
 
 from __future__ import annotations
 
-import base64
-import json
 import os
 import resource
 import shutil
 import signal
 import socket
 import struct
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,51 +20,26 @@ import pytest
 
 import wds_async as wds
 from tests.conftest import sample_digest, wait_until
-from tests.service.probe_runner import REPO, HeldProbe, probe
+from tests.service.clients import case, digest, item, open_request, serves_an_epoch
+from tests.service.probe_runner import HeldProbe, probe
 from wds_async.config import EngineConfig
 from wds_async.errors import ServiceError
 from wds_async.service import ServiceHandle, service_status, start_service
 from wds_async.service.limits import HANDSHAKE_TIMEOUT
-from wds_async.service.protocol import MAX_REQUEST_FRAME, VERSION, encode
+from wds_async.service.protocol import MAX_REQUEST_FRAME, encode
 
 CHILD = str(Path(__file__).with_name("client_child.py"))
-
-
-def _frame(body: bytes | dict[str, Any]) -> bytes:
-    if isinstance(body, dict):
-        return encode(body)
-    return struct.pack(">I", len(body)) + body
-
-
-def _case(name: str, data: bytes, hello: bool = False) -> dict[str, Any]:
-    return {"name": name, "data": base64.b64encode(data).decode(), "hello": hello}
-
-
-def _item(url: str, start: Any = 0, end: Any = None, ident: Any = 0, identity: Any = None) -> list[Any]:
-    return [ident, 0, url, start, end, None, identity]
-
-
-def _open(items: list[Any], **fields: Any) -> dict[str, Any]:
-    return {"type": "open", "items": items, "settings": {}, "backend_options": None, "cache": None, **fields}
-
-
-def _digest(pattern: str) -> tuple[int, str]:
-    return sample_digest(wds.WebDataset(pattern, deterministic=True))
-
-
-def _serves_an_epoch(svc: ServiceHandle, pattern: str) -> bool:
-    return sample_digest(wds.WebDataset(pattern, deterministic=True, service=svc.url)) == _digest(pattern)
 
 
 # -- 2: the shared-memory ring ------------------------------------------------------------------------------
 def test_a_client_that_shrinks_its_ring_cannot_kill_the_service(service: ServiceHandle, store: Any,
                                                                  pattern: str) -> None:
     """It used to: the service's next write into the mapping of a truncated memfd died of SIGBUS."""
-    result = probe("truncate", service.socket, {"item": _item(store.base_url + "shard-000000.tar")})
+    result = probe("truncate", service.socket, {"item": item(store.base_url + "shard-000000.tar")})
     assert result["truncate"] == "refused: Operation not permitted", result  # the seals: its size is fixed
     assert result["answers"][-1] == "end", result  # and the items were served
     assert service.process.poll() is None
-    assert _serves_an_epoch(service, pattern)
+    assert serves_an_epoch(service, pattern)
 
 
 # -- 3: sizes and other settings ----------------------------------------------------------------------------
@@ -76,7 +48,7 @@ def test_absurd_settings_are_refused_by_name_and_reach_no_engine(sock_dir: str, 
     url = store.base_url + "shard-000000.tar"
     bad = {"part_bytes": 1, "chunk_bytes": 0, "max_sample_bytes": -5, "handoff_max_bytes": "16MiB",
            "read_timeout": float("nan"), "deterministic": "yes", "processes": 0, "bogus": 1}
-    cases = [_case(name, encode(_open([_item(url)], settings={name: value})), hello=True)
+    cases = [case(name, encode(open_request([item(url)], settings={name: value})), hello=True)
              for name, value in bad.items()]
     with start_service(os.path.join(sock_dir, "svc.sock"), ring_bytes=256 << 10) as svc:
         results = probe("frames", svc.socket, {"cases": cases})["results"]
@@ -86,7 +58,7 @@ def test_absurd_settings_are_refused_by_name_and_reach_no_engine(sock_dir: str, 
             assert got["url"] == svc.socket
         stats = svc.status()["stats"]
         assert stats["requests"] == 0 and stats["bytes_read"] == 0  # nothing of a refused open was run
-        assert svc.process.poll() is None and _serves_an_epoch(svc, pattern)
+        assert svc.process.poll() is None and serves_an_epoch(svc, pattern)
 
 
 # -- 4: descriptors and connections -------------------------------------------------------------------------
@@ -109,7 +81,7 @@ def test_out_of_descriptors_refuses_clearly_and_keeps_serving(sock_dir: str, pat
         assert "refused" in result["message"] and "stopped while serving" not in result["message"]
         assert svc.process.poll() is None
         assert "file descriptors" in svc.stderr_tail()  # and logged
-        assert _serves_an_epoch(svc, pattern)
+        assert serves_an_epoch(svc, pattern)
 
 
 def test_connections_per_user_are_capped_and_the_refused_client_is_told(sock_dir: str, pattern: str) -> None:
@@ -122,7 +94,7 @@ def test_connections_per_user_are_capped_and_the_refused_client_is_told(sock_dir
         assert [f["got"] for f in result["first"]] == ["ready"] * 3
         assert result["status"] == "error" and "the most this service takes per user (4)" in result["message"]
         assert wait_until(lambda: service_status(svc.socket)["open_connections"] == 1, 10)  # this status itself
-        assert _serves_an_epoch(svc, pattern)
+        assert serves_an_epoch(svc, pattern)
         assert "connections of uid" in svc.stderr_tail()
 
 
@@ -144,7 +116,7 @@ def test_800_idle_connections_do_not_stop_the_service(sock_dir: str, pattern: st
             assert wait_until(lambda: svc.status()["open_connections"] == 801, 30)
             if mode == "hello":
                 assert svc.status()["sessions"] == 800
-            assert _serves_an_epoch(svc, pattern)
+            assert serves_an_epoch(svc, pattern)
             held.finish()
         assert wait_until(lambda: svc.status()["open_connections"] == 1, 30)
 
@@ -169,7 +141,7 @@ def test_frames_over_the_request_limit_are_refused_before_their_body(service: Se
     """20 connections announcing 60 MiB frames took the service to 1.27 GB; a client's frame is now at most
     4 MiB, refused from its header."""
     huge = struct.pack(">I", 60 << 20) + b"x" * 1024
-    cases = [_case(f"first-{n}", huge) for n in range(5)] + [_case(f"after-hello-{n}", huge, hello=True)
+    cases = [case(f"first-{n}", huge) for n in range(5)] + [case(f"after-hello-{n}", huge, hello=True)
                                                              for n in range(5)]
     for got in probe("frames", service.socket, {"cases": cases, "wait": 10})["results"]:
         assert got["got"] == "error" and f"more than {MAX_REQUEST_FRAME}" in got["message"], got
@@ -189,7 +161,7 @@ def test_partial_frames_are_counted_in_the_node_budget_and_given_back(sock_dir: 
 
 def test_queued_opens_are_bounded(service: ServiceHandle, store: Any) -> None:
     """40 queued opens took the service to 493 MB; one may wait behind the one being served, no more."""
-    result = probe("opens", service.socket, {"count": 40, "items": [_item(store.base_url + "shard-000000.tar")]})
+    result = probe("opens", service.socket, {"count": 40, "items": [item(store.base_url + "shard-000000.tar")]})
     assert result["hello"]["got"] == "ready"
     last = result["answers"][-1]
     assert last["got"] == "error" and "'open'" in last["message"] and "'end'" in last["message"], result
@@ -256,9 +228,9 @@ def test_the_operators_no_pipe_wins_over_the_clients_allow_pipe(sock_dir: str, s
 
 
 def test_a_foreign_clients_relative_paths_and_bare_pipes_are_refused(service: ServiceHandle) -> None:
-    cases = [_case("relative", encode(_open([_item("shard.tar")])), hello=True),
-             _case("file-relative", encode(_open([_item("file:shard.tar")])), hello=True),
-             _case("pipe-without-context", encode(_open([_item("pipe:cat shard.tar")])), hello=True)]
+    cases = [case("relative", encode(open_request([item("shard.tar")])), hello=True),
+             case("file-relative", encode(open_request([item("file:shard.tar")])), hello=True),
+             case("pipe-without-context", encode(open_request([item("pipe:cat shard.tar")])), hello=True)]
     results = probe("frames", service.socket, {"cases": cases})["results"]
     assert "relative path" in results[0]["message"] and "relative path" in results[1]["message"], results
     assert "client's working directory and environment" in results[2]["message"], results
@@ -275,7 +247,7 @@ def test_the_clients_read_timeout_is_honoured(service: ServiceHandle, store: Any
 
 def test_the_clients_chunk_bytes_is_honoured(service: ServiceHandle, pattern: str) -> None:
     ds = wds.WebDataset(pattern, deterministic=True, config=EngineConfig(chunk_bytes=12345), service=service.url)
-    assert sample_digest(ds) == _digest(pattern)
+    assert sample_digest(ds) == digest(pattern)
     assert {"connect_timeout": 30.0, "read_timeout": 60.0, "chunk_bytes": 12345} in service.status()["backends"]
 
 
@@ -303,103 +275,4 @@ def test_a_full_listen_backlog_is_retried_within_the_connect_timeout(service: Se
         os.kill(service.pid, signal.SIGCONT)
         for sock in filler:
             sock.close()
-    assert (result.get("count"), result.get("digest")) == _digest(pattern), result
-
-
-# -- held: malformed frames, killed clients -----------------------------------------------------------------
-def _malformed(socket_path: str, url: str) -> list[dict[str, Any]]:
-    hello = {"type": "hello", "version": VERSION, "pid": 1, "socket": socket_path}
-    first = [
-        ("http", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"), ("huge-length", b"\xff\xff\xff\xff"),
-        ("over-request-limit", struct.pack(">I", MAX_REQUEST_FRAME + 1) + b"{}"),
-        ("not-json", _frame(b"{not json")), ("bad-utf8", _frame(b"\xff\xfe{}")), ("array", _frame(b"[]")),
-        ("string", _frame(b'"hello"')), ("no-type", _frame({"version": 1})), ("type-not-string", _frame({"type": 5})),
-        ("nested", _frame(b"[" * 100_000 + b"]" * 100_000)), ("empty", _frame(b"")), ("nan", _frame(b"NaN")),
-        ("huge-int", _frame(b'{"type":"hello","version":' + b"9" * 5000 + b"}")),
-        ("open-first", _frame(_open([]))), ("hello-no-version", _frame({**hello, "version": None})),
-        ("hello-version-99", _frame({**hello, "version": 99})),
-        ("hello-other-socket", _frame({**hello, "socket": "/elsewhere.sock"})),
-        ("hello-pid-string", _frame({**hello, "pid": "abc"})), ("hello-pid-negative", _frame({**hello, "pid": -5})),
-        ("hello-pid-infinite", _frame(json.dumps({**hello, "pid": float("inf")}).encode())),
-    ]
-    after: list[tuple[str, dict[str, Any]]] = [
-        ("unknown-type", {"type": "bogus"}), ("second-hello", hello), ("client-ready", {"type": "ready"}),
-        ("ack-too-much", {"type": "ack", "bytes": 1 << 40}), ("ack-negative", {"type": "ack", "bytes": -1}),
-        ("ack-string", {"type": "ack", "bytes": "12"}), ("ack-float", {"type": "ack", "bytes": 1.5}),
-        ("items-not-list", {**_open([]), "items": "abc"}), ("item-short", _open([[1, 2]])),
-        ("item-negative-start", _open([_item(url, start=-1)])), ("item-reversed", _open([_item(url, 10, 5)])),
-        ("item-id-string", _open([_item(url, ident="0")])), ("item-url-int", _open([[0, 0, 7, 0, None, None, None]])),
-        ("item-identity", _open([_item(url, identity={"size": "big"})])),
-        ("settings-not-object", _open([_item(url)], settings=[])),
-        ("setting-unknown", _open([_item(url)], settings={"bogus": 1})),
-        ("setting-string", _open([_item(url)], settings={"part_bytes": "1"})),
-        ("retry-bad", _open([_item(url)], settings={"retry": {"attempts": 0}})),
-        ("backend-options-not-object", _open([_item(url)], backend_options="x")),
-        ("backend-option-unknown", _open([_item(url)], backend_options={"http": {"bogus": 1}})),
-        ("pipe-option-cwd", _open([_item("pipe:true")], backend_options={"pipe": {"cwd": "/"}},
-                                  context={"cwd": "/", "env": {}})),
-        ("cache-relative", _open([_item(url)], cache={"dir": "rel"})),
-        ("context-relative", _open([_item("pipe:true")], context={"cwd": "rel", "env": {}})),
-    ]
-    return [_case(name, data) for name, data in first] + [_case(name, _frame(body), hello=True) for name, body in after]
-
-
-def test_malformed_frames_are_answered_with_clear_errors(service: ServiceHandle, store: Any, pattern: str) -> None:
-    """*Held* (36 kinds then; more now): each answered with a ServiceError naming the socket, on its own
-    connection, and the service goes on."""
-    cases = _malformed(service.socket, store.base_url + "shard-000000.tar")
-    results = probe("frames", service.socket, {"cases": cases})["results"]
-    assert len(results) == len(cases) >= 36
-    for got in results:
-        assert got["got"] == "error" and got["error_type"] == "ServiceError", got
-        assert got["url"] == service.socket and got["message"], got
-        assert got["hello"] is None or got["hello"]["got"] == "ready", got
-    assert service.process.poll() is None and _serves_an_epoch(service, pattern)
-    assert "Traceback" not in service.stderr_tail(200_000)  # every one was a clean refusal
-
-
-def _descendants_by_session(pid: int) -> set[int]:
-    """Process ids whose session is that of one of ``pid``'s children (pipe: commands run in their own)."""
-    children: set[int] = set()
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as fh:
-            children.update(int(c) for c in fh.read().split())
-    found = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as fh:
-                    fields = fh.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[3]) in children:  # the session id
-                found.add(int(entry))
-    return found | children
-
-
-def test_killed_clients_leave_no_descriptor_or_process(sock_dir: str, shard_dir: Path) -> None:
-    """*Held*: clients killed with SIGKILL mid-epoch, their pipe: commands still running: the service ends
-    their sessions, stops the commands and closes every descriptor they took."""
-    shard = shard_dir / "shard-000000.tar"
-    with start_service(os.path.join(sock_dir, "svc.sock"), ring_bytes=64 << 10) as svc:
-        assert sample_digest(wds.WebDataset(f"pipe:cat {shard}", service=svc.url))[0] > 0
-        assert wait_until(lambda: svc.status()["sessions"] == 0, 10)
-        baseline = len(os.listdir(f"/proc/{svc.pid}/fd"))
-        url = f"pipe:cat {shard} && sleep 120"  # the stream stays open after its samples
-        children = [subprocess.Popen([sys.executable, CHILD, svc.socket, url], stdout=subprocess.PIPE,
-                                     env={**os.environ, "PYTHONPATH": REPO}) for _ in range(3)]
-        try:
-            for child in children:
-                assert child.stdout is not None and child.stdout.readline().strip() == b"ready"
-            assert wait_until(lambda: svc.status()["sessions"] == 3, 10)
-            assert len(_descendants_by_session(svc.pid)) >= 3  # the commands run
-        finally:
-            for child in children:
-                child.send_signal(signal.SIGKILL)
-                child.wait(10)
-                if child.stdout is not None:
-                    child.stdout.close()
-        assert wait_until(lambda: svc.status()["sessions"] == 0, 10)
-        assert wait_until(lambda: not _descendants_by_session(svc.pid), 10)
-        assert wait_until(lambda: len(os.listdir(f"/proc/{svc.pid}/fd")) <= baseline, 10), (
-            os.listdir(f"/proc/{svc.pid}/fd"), baseline)
+    assert (result.get("count"), result.get("digest")) == digest(pattern), result
