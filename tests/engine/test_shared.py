@@ -8,6 +8,7 @@ the consumption (a consumer that waits on one route while the others' readers wa
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -184,13 +185,20 @@ def test_a_route_s_list_stays_in_the_budget_until_its_next_list_is_asked_for(sou
         engine.close()
 
 
-def test_a_route_s_lists_are_its_share_of_the_hand_off_but_not_tiny() -> None:
+def test_a_route_s_lists_share_a_quarter_of_the_budget_by_square_roots() -> None:
     mib = 1 << 20
-    engine = SharedEngine(StreamSpec(wds.EngineConfig(max_buffered_bytes=256 * mib)), Stats(), [0.6] + [0.02] * 20)
-    assert engine.handoff(0) == int(0.6 / 1.0 * 16 * mib)  # its share of the 16 MiB hand-off
-    assert engine.handoff(1) == 256 * mib // (4 * 21)  # a quarter of the budget over all routes, under 4 MiB
+    shares = [0.64] + [0.018] * 20
+    engine = SharedEngine(StreamSpec(wds.EngineConfig(max_buffered_bytes=256 * mib)), Stats(), shares)
+    roots = 0.8 + 20 * math.sqrt(0.018)
+    assert engine.handoff(0) == int(64 * mib * 0.8 / roots)  # the square root of its share of 64 MiB
+    assert engine.handoff(1) == int(64 * mib * math.sqrt(0.018) / roots)
+    assert sum(engine.handoff(i) for i in range(21)) <= 64 * mib
+    # lists in proportion to the square roots make the fewest takes per sample for what they pin in the budget
+    takes = sum(s / engine.handoff(i) for i, s in enumerate(engine.shares))
+    for other in ([64 * mib * s for s in engine.shares], [64 * mib / 21] * 21):
+        assert takes < sum(s / h for s, h in zip(engine.shares, other))
     few = SharedEngine(StreamSpec(wds.EngineConfig(max_buffered_bytes=256 * mib)), Stats(), [0.9, 0.1])
-    assert few.handoff(1) == 4 * mib  # a quarter of the hand-off
+    assert few.handoff(0) == few.handoff(1) == 16 * mib  # never more than the hand-off size
     small = SharedEngine(StreamSpec(wds.EngineConfig(max_buffered_bytes=mib)), Stats(), [0.5] * 40)
     assert small.handoff(0) == 64 << 10  # never below 64 KiB
 
@@ -220,7 +228,7 @@ def test_items_read_ahead_of_the_consumer_free_their_place_in_the_window(tmp_pat
     (counting the buffered ones left readers idle and kept a mix's autotuner from seeing work waiting)."""
     paths = [str(p) for p in make_shards(tmp_path, n_shards=9, shard_bytes=4 << 20, sample_bytes=256 << 10, seed=5)]
     spec = StreamSpec(wds.EngineConfig(max_connections=2, max_buffered_bytes=256 << 20, deterministic=True,
-                                       handoff_max_bytes=4 << 20))
+                                       handoff_max_bytes=1 << 20))
     engine = SharedEngine(spec, Stats(), [0.05, 0.95])
     assert engine.handoff(0) == 1 << 20  # route 0's hand-offs are 1 MiB: part of an item each
     try:

@@ -26,12 +26,18 @@ How much each source prefetches
 Hand-off
     A route's consumer takes its samples in lists, as a single dataset's does, and holds each list until it has used
     it. Those bytes stay counted in the byte budget until the consumer asks for the route's next list, so however
-    many routes hold a list, they hold it inside the one budget. A route's lists are its share of the hand-off size,
-    but at least a quarter of it, and at most a quarter of the budget for all routes together (``handoff_bytes / 4``
-    and ``max_buffered_bytes / (4 * routes)``, the smaller): rare sources still take many samples per hand-off.
-    Each take costs the consumer thread tens of microseconds (the channel's lock, waking the loop), so a 20-source
-    mix that took 1 MiB lists (a first version, whose held lists were outside the budget) took five times as many
-    lists as one dataset and spent about 3 us more per sample on them.
+    many routes hold a list, they hold it inside the one budget. All routes' lists together take at most a quarter
+    of the budget (``max_buffered_bytes / 4``), shared in proportion to the square root of each route's share, and
+    no list is larger than the hand-off size (``handoff_bytes``) or smaller than 64 KiB.
+
+    Why square roots: each take costs the consumer thread a fixed 100-300 us (the channel's lock, waking the loop,
+    the route's and the recorder's bookkeeping, on caches its training step left cold), so the consumer's cost is the
+    number of lists, ``sum(share_i / list_i)`` per sample, and what the lists pin in the budget is ``sum(list_i)``.
+    For a fixed ``sum(list_i)`` the first is smallest with ``list_i`` in proportion to ``sqrt(share_i)``. With the
+    twenty weights of ``benchmarks.mix`` (0.30 down to 0.005) that is 3.1 lists per single dataset's list, where
+    lists in proportion to the shares with a floor of a quarter of the hand-off (a first rule, pinning as much)
+    took 4.5; lists in proportion to the shares alone took about twenty times as many (1 MiB lists, a first version
+    whose held lists were outside the budget, cost the consumer about 3 us more per sample).
 
 Priming
     A source's iterator starts at its first draw, which for a rare source may come thousands of samples into the
@@ -107,10 +113,12 @@ class SharedEngine:
         return 1 + math.ceil(self.shares[route] * level - 1e-9)  # 0.3 * 40 is 12.000000000000002
 
     def handoff(self, route: int) -> int:
-        """The most bytes in one of ``route``'s hand-off lists (see the module docstring)."""
+        """The most bytes in one of ``route``'s hand-off lists: a quarter of the budget shared by the routes in
+        proportion to the square roots of their shares, at most the hand-off size (see the module docstring)."""
         config = self.spec.config
-        floor = min(config.handoff_bytes // 4, config.max_buffered_bytes // (4 * len(self.shares)))
-        return max(MIN_HANDOFF, floor, int(config.handoff_bytes * self.shares[route]))
+        roots = [math.sqrt(s) for s in self.shares]
+        pool = config.max_buffered_bytes // 4
+        return max(MIN_HANDOFF, min(config.handoff_bytes, int(pool * roots[route] / sum(roots))))
 
     def prime(self, route: int, items: Iterator[WorkItem], count: int | None = None) -> None:
         """Submit ``route``'s first items now, ahead of its first draw (see the module docstring): ``count`` more
