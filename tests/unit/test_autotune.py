@@ -4,6 +4,8 @@ requests mostly wait for their first byte."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from wds_async.engine.autotune import Autotuner, Observation, latency_level, waiting_share
@@ -177,6 +179,72 @@ def test_the_check_leaves_bandwidth_bound_reads_and_a_throttled_store_to_the_ram
     tuner.size(0.0)
     tuner.stats.bytes_read += int(level * 10e6 * 0.05)
     assert not tuner.size(0.05) and tuner.limiter.total == level  # backed off: not ramping any more
+
+
+# -- before any answer: doublings while every request waits for its first byte ---------------------------------
+
+
+async def _queued(tuner: Autotuner, extra: int) -> list[asyncio.Task[None]]:
+    """Every token of the tuner's limiter taken, and ``extra`` tasks queued for one."""
+    limiter = tuner.limiter
+    while limiter.try_acquire():
+        pass
+    tasks = [asyncio.create_task(limiter.acquire()) for _ in range(extra)]
+    await asyncio.sleep(0)
+    return tasks
+
+
+@pytest.mark.asyncio
+async def test_with_no_answer_it_doubles_every_step_at_most_three_times_within_cap_and_items() -> None:
+    tuner = _tuner(start=32, cap=204)
+    tuner.stats.shards_total = 256
+    tasks = await _queued(tuner, 224)
+    tuner._waited = (0.0, 0)  # what run() sets at its start
+    assert not tuner.wait(0.05) and tuner.limiter.total == 32  # not a step yet
+    assert tuner.wait(0.1) and tuner.limiter.total == 64
+    assert tuner.stats.concurrency_reason == "waiting: no answer after 100 ms with 32 requests out: 32 -> 64"
+    assert not tuner.wait(0.15)  # a step from the last doubling
+    await _queued(tuner, 0)
+    assert tuner.wait(0.2) and tuner.limiter.total == 128
+    await _queued(tuner, 0)
+    assert tuner.wait(0.3) and tuner.limiter.total == 204  # the cap
+    await _queued(tuner, 0)
+    assert not tuner.wait(0.4) and tuner.limiter.total == 204  # three doublings at most
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+    tuner = _tuner(start=32, cap=204)
+    tuner.stats.shards_total, tuner.stats.shards_done = 48, 0
+    tasks = await _queued(tuner, 16)
+    tuner._waited = (0.0, 0)
+    assert tuner.wait(0.1) and tuner.limiter.total == 48  # no more than the items of a known list
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("answer", ["ttfb", "bytes", "throttled", "retries", "none waiting", "learned"])
+async def test_an_answer_or_room_stops_the_doublings(answer: str) -> None:
+    tuner = _tuner(start=32, cap=204)
+    if answer == "learned":  # a next epoch's start, at the level its last one settled at
+        tuner = Autotuner(Limiter(32), Stats(), None, minimum=2, cap=204, cold=False)
+    tasks = await _queued(tuner, 0 if answer == "none waiting" else 8)
+    tuner._waited = (0.0, 0) if answer != "learned" else None
+    stats = tuner.stats
+    if answer == "ttfb":
+        stats.ttfb_s = 0.08
+    elif answer == "bytes":
+        stats.bytes_read = 512
+    elif answer == "throttled":
+        stats.throttled = 1
+    elif answer == "retries":  # a dead server: more requests would only retry
+        stats.retries = 1
+    assert not tuner.wait(0.1) and not tuner.wait(0.2) and tuner.limiter.total == 32
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _drive_loop(tuner: Autotuner, store, seconds: float, step: float = 0.5) -> list[tuple[float, int, float]]:  # type: ignore[no-untyped-def]

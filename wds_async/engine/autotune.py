@@ -35,6 +35,14 @@ its first time-to-first-byte after a change, with the previous ones and decides:
     transfer dominated there and the first shard shared the link with 197 others.
     Where transfer dominates (large shards, ``w`` small) nothing changes: a jump there would start past the
     knee that only the ramp can find.
+``waiting`` (at a cold start, before the latency check)
+    The check needs an answer, and at 200 ms to first byte the first answers come after the first wave's whole
+    wait, with most of a short list still queued behind the starting level. So while no request has been
+    answered (no first byte, no rejection, no retry) and every token is taken with items waiting for one, the
+    level doubles every :data:`WAIT_STEP` (0.1 s), at most :data:`WAIT_DOUBLINGS` times, within the cap and for a
+    known list within the items left. Requests waiting for a first byte cost a connection each and no bytes or
+    CPU; a store that answers within 0.1 s never sees a doubling, and one that answers sooner than the first wave
+    ends stops them at its first byte, where the latency check takes over (from the level reached).
 ``throttled``
     Any 429/503 (S3 ``SlowDown``, GCS ``rateLimitExceeded``, Azure ``ServerBusy``) in an interval cuts the
     concurrency to the number of requests the store was actually answering at once during it (the best
@@ -89,6 +97,8 @@ CEILING_SECONDS = 60.0
 TICK = 0.05
 LATENCY_BOUND = 0.5  # the waiting share of a request above which the latency check jumps
 SATURATED = 0.9      # the loop thread's share of an interval on the CPU above which it is the bottleneck
+WAIT_STEP = 0.1      # before any answer, the level doubles after each this many seconds (see ``waiting``)
+WAIT_DOUBLINGS = 3   # and at most this many times
 
 
 @dataclass(frozen=True)
@@ -147,6 +157,7 @@ class Autotuner:
         self._shedding = False           # the trim being judged was one of a saturated loop (see _saturated)
         self._sized = not cold           # the latency check has run (see ``size``); a learned start skips it
         self._size_from: tuple[float, int, int] | None = None  # (time, bytes read, streams) at its first tick
+        self._waited: tuple[float, int] | None = None  # (time of the last doubling or the start, doublings) before any answer
         self._set(limiter.total, start_reason)
 
     # -- the loop ------------------------------------------------------------------------------------
@@ -164,6 +175,8 @@ class Autotuner:
         """Observe and decide until cancelled (the engine cancels it when the data ends)."""
         loop = asyncio.get_running_loop()
         changed = True
+        if not self._sized:
+            self._waited = (loop.time(), 0)
         while True:
             started = loop.time()
             level = self.limiter.total
@@ -181,7 +194,7 @@ class Autotuner:
                     mark = (loop.time(), self.stats.bytes_read)
                 await asyncio.sleep(TICK)
                 ticks += 1
-                if not self._sized and self.size(loop.time()):
+                if not self._sized and (self.wait(loop.time()) or self.size(loop.time())):
                     jumped = True  # the level jumped: this interval judged the old one; start a new one
                     break
                 served = max(served, self.stats.open_streams)
@@ -204,6 +217,33 @@ class Autotuner:
                 in_flight=self.limiter.borrowed, served=served, busy=(time.thread_time() - cpu0) / elapsed)
             self.decide(obs)
             changed = self.limiter.total != level
+
+    def wait(self, now: float) -> bool:
+        """Before any answer (``waiting`` in the module docstring), called every tick until the latency check has
+        run: double the level when :data:`WAIT_STEP` has passed since the start or the last doubling with no
+        request answered, every token taken and items waiting. True when the level doubled."""
+        stats, limiter = self.stats, self.limiter
+        if self._waited is None or self._sized or self.phase != "ramp":
+            return False
+        if stats.ttfb_s is not None or stats.bytes_read or stats.throttled or stats.retries:
+            self._waited = None  # answered (or refused): the latency check decides from here
+            return False
+        since, doublings = self._waited
+        if now - since < WAIT_STEP - 1e-6 or doublings >= WAIT_DOUBLINGS:  # (two ticks make a step)
+            return False
+        if limiter.borrowed < limiter.total or not limiter.waiting or not self.has_work():
+            return False
+        level = limiter.total
+        target = min(2 * level, self._top(time.monotonic()))
+        if stats.shards_total:
+            target = min(target, stats.shards_total - stats.shards_done)
+        if target <= level:
+            return False
+        self._waited = (now, doublings + 1)
+        self._ramp_from = None
+        self._set(target, f"waiting: no answer after {WAIT_STEP * (doublings + 1) * 1000:.0f} ms with {level} "
+                          f"requests out: {level} -> {target}")
+        return True
 
     def size(self, now: float) -> bool:
         """The latency check (see the module docstring), called every tick until it has run once: the first
