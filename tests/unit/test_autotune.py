@@ -200,16 +200,16 @@ async def test_with_no_answer_it_doubles_every_step_at_most_three_times_within_c
     tuner.stats.shards_total = 256
     tasks = await _queued(tuner, 224)
     tuner._waited = (0.0, 0)  # what run() sets at its start
-    assert not tuner.wait(0.05) and tuner.limiter.total == 32  # not a step yet
-    assert tuner.wait(0.1) and tuner.limiter.total == 64
+    assert not tuner.before_answers(0.05) and tuner.limiter.total == 32  # not a step yet
+    assert tuner.before_answers(0.1) and tuner.limiter.total == 64
     assert tuner.stats.concurrency_reason == "waiting: no answer after 100 ms with 32 requests out: 32 -> 64"
-    assert not tuner.wait(0.15)  # a step from the last doubling
+    assert not tuner.before_answers(0.15)  # a step from the last doubling
     await _queued(tuner, 0)
-    assert tuner.wait(0.2) and tuner.limiter.total == 128
+    assert tuner.before_answers(0.2) and tuner.limiter.total == 128
     await _queued(tuner, 0)
-    assert tuner.wait(0.3) and tuner.limiter.total == 204  # the cap
+    assert tuner.before_answers(0.3) and tuner.limiter.total == 204  # the cap
     await _queued(tuner, 0)
-    assert not tuner.wait(0.4) and tuner.limiter.total == 204  # three doublings at most
+    assert not tuner.before_answers(0.4) and tuner.limiter.total == 204  # three doublings at most
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -218,7 +218,7 @@ async def test_with_no_answer_it_doubles_every_step_at_most_three_times_within_c
     tuner.stats.shards_total, tuner.stats.shards_done = 48, 0
     tasks = await _queued(tuner, 16)
     tuner._waited = (0.0, 0)
-    assert tuner.wait(0.1) and tuner.limiter.total == 48  # no more than the items of a known list
+    assert tuner.before_answers(0.1) and tuner.limiter.total == 48  # no more than the items of a known list
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -241,7 +241,7 @@ async def test_an_answer_or_room_stops_the_doublings(answer: str) -> None:
         stats.throttled = 1
     elif answer == "retries":  # a dead server: more requests would only retry
         stats.retries = 1
-    assert not tuner.wait(0.1) and not tuner.wait(0.2) and tuner.limiter.total == 32
+    assert not tuner.before_answers(0.1) and not tuner.before_answers(0.2) and tuner.limiter.total == 32
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)

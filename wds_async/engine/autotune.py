@@ -194,7 +194,7 @@ class Autotuner:
                     mark = (loop.time(), self.stats.bytes_read)
                 await asyncio.sleep(TICK)
                 ticks += 1
-                if not self._sized and (self.wait(loop.time()) or self.size(loop.time())):
+                if not self._sized and (self.before_answers(loop.time()) or self.size(loop.time())):
                     jumped = True  # the level jumped: this interval judged the old one; start a new one
                     break
                 served = max(served, self.stats.open_streams)
@@ -218,7 +218,7 @@ class Autotuner:
             self.decide(obs)
             changed = self.limiter.total != level
 
-    def wait(self, now: float) -> bool:
+    def before_answers(self, now: float) -> bool:
         """Before any answer (``waiting`` in the module docstring), called every tick until the latency check has
         run: double the level when :data:`WAIT_STEP` has passed since the start or the last doubling with no
         request answered, every token taken and items waiting. True when the level doubled."""

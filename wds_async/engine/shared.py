@@ -36,8 +36,8 @@ Hand-off
     For a fixed ``sum(list_i)`` the first is smallest with ``list_i`` in proportion to ``sqrt(share_i)``. With the
     twenty weights of ``benchmarks.mix`` (0.30 down to 0.005) that is 3.1 lists per single dataset's list, where
     lists in proportion to the shares with a floor of a quarter of the hand-off (a first rule, pinning as much)
-    took 4.5; lists in proportion to the shares alone took about twenty times as many (1 MiB lists, a first version
-    whose held lists were outside the budget, cost the consumer about 3 us more per sample).
+    took 4.5. (A first version took 1 MiB lists, held outside the budget: five times as many lists as one dataset,
+    about 3 us more per sample.)
 
 Priming
     A source's iterator starts at its first draw, which for a rare source may come thousands of samples into the
