@@ -159,7 +159,7 @@ class Autotuner(StartUp):
                     jumped = True  # the level jumped: this interval judged the old one; start a new one
                     break
                 served = max(served, self.stats.open_streams)
-                if self.limiter.borrowed >= self.limiter.total and self.limiter.waiting and self.has_work():
+                if self.limiting():
                     limited += 1
                 if self.budget is not None and self.budget.used >= 0.75 * self.budget.limit:
                     full += 1

@@ -86,6 +86,11 @@ class StartUp:
     def _top(self, now: float) -> int:
         raise NotImplementedError
 
+    def limiting(self) -> bool:
+        """Whether the concurrency is what limits now: every token taken, and work waiting for one."""
+        limiter = self.limiter
+        return limiter.borrowed >= limiter.total and bool(limiter.waiting) and self.has_work()
+
     def before_answers(self, now: float) -> bool:
         """Before any answer (``waiting`` in the module docstring), called every tick until the latency check has
         run: double the level when :data:`WAIT_STEP` has passed since the start or the last doubling with no
@@ -99,7 +104,7 @@ class StartUp:
         since, doublings = self._waited
         if now - since < WAIT_STEP - 1e-6 or doublings >= WAIT_DOUBLINGS:  # (two ticks make a step)
             return False
-        if limiter.borrowed < limiter.total or not limiter.waiting or not self.has_work():
+        if not self.limiting():
             return False
         level = limiter.total
         target = min(2 * level, self._top(time.monotonic()))
