@@ -23,8 +23,10 @@ Then, as the second table, epochs through ``DataLoader(ds, batch_size=None, num_
 64 KiB on the same store (each worker reads 256 requests that mostly wait for their first byte), four epochs per
 phase, with the DataLoader's default non-persistent workers (new processes every epoch) and with
 ``persistent_workers=True``: where the workers of epoch 2 on start (the level the last epoch settled at) shows in
-the seconds per epoch. ``--tree DIR`` runs that table's phases with another checkout of ``wds_async`` first on the
-path too, for a before/after.
+the seconds per epoch. ``--tree DIR`` runs every loader phase of both tables with another checkout of ``wds_async``
+first on the path too, interleaved with this one's in each round, for a before/after in one run (the first table's
+rows for it are labelled ``@ DIR``; raw download runs once per round, through this checkout). ``--no-epochs`` leaves
+the second table out.
 
 Reported per setting: the wall time of each round, the best MB/s and its ratio to the best raw round, the CPU
 seconds of that round's process (user and system, all its threads; the store's are its own), where the concurrency
@@ -101,7 +103,8 @@ def _phase(urls: list[str], options: dict[str, Any]) -> dict[str, Any]:
     s = ds.stats()
     return {"wall_s": wall, "cpu_s": cpu, "bytes": s["bytes_read"], "samples": samples, "concurrency": s["concurrency"],
             "peak_buffered": s["peak_buffered_bytes"],
-            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10}
+            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10,
+            "library": str(Path(wds.__file__).resolve().parent.parent)}
 
 
 def _epochs(urls: list[str], persistent: bool, epochs: int = 4) -> dict[str, Any]:
@@ -140,7 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", help="settings to run besides raw (default: all)")
     parser.add_argument("--root", default="/tmp/wds-autotune-shards", help="where the shards are made (reused)")
     parser.add_argument("--tree", action="append", default=[],
-                        help="another checkout of wds_async for the DataLoader table (repeatable; this one always runs)")
+                        help="another checkout of wds_async to run every loader phase with too (repeatable; this one "
+                             "always runs)")
+    parser.add_argument("--no-epochs", action="store_true", help="leave out the DataLoader table")
     parser.add_argument("--phase", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.phase:
@@ -156,16 +161,24 @@ def main(argv: list[str] | None = None) -> int:
     chosen = {k: v for k, v in SETTINGS.items() if k == "raw 256" or not args.only or k in args.only}
     folder = Path(args.root) / f"{SHARDS}x{SHARD_BYTES}"
     make_shards(folder, n_shards=SHARDS, shard_bytes=SHARD_BYTES, sample_bytes=SAMPLE_BYTES)
-    rows: dict[str, list[dict[str, Any]]] = {k: [] for k in chosen}
+    trees: list[str | None] = [None, *(str(Path(t).resolve()) for t in args.tree)]
+    runs_of = [(name, options, tree) for name, options in chosen.items()
+               for tree in (trees if name != "raw 256" else [None])]
+    label = {(name, tree): name if tree is None else f"{name} @ {tree}" for name, _, tree in runs_of}
+    rows: dict[str, list[dict[str, Any]]] = {label[name, tree]: [] for name, _, tree in runs_of}
     with StoreProcess(folder, KNOBS) as store:
         urls = [store.base_url + f"shard-{i:06d}.tar" for i in range(SHARDS)]
         print(f"{SHARDS} shards x {SHARD_BYTES >> 20} MiB, {KNOBS.ttfb * 1e3:.0f} ms to first byte, "
               f"{KNOBS.bw / 1e6:.0f} MB/s per connection; one pass, each phase a fresh process", flush=True)
         for _ in range(args.rounds):  # settings interleaved, so that a busy moment of the machine hits all of them
-            for name, options in chosen.items():
-                rows[name].append(_run(urls, json.loads(json.dumps(options))))
+            for name, options, tree in runs_of:
+                row = _run(urls, json.loads(json.dumps(options)), tree)
+                if tree is not None and row.get("library") != tree:  # the tree's package, not this one's
+                    raise RuntimeError(f"the phase for {tree} imported wds_async from {row.get('library')}")
+                rows[label[name, tree]].append(row)
     raw_best = min(r["wall_s"] for r in rows["raw 256"])
-    print(f"{'setting':<26}{'seconds per round':>22}{'best MB/s':>11}{'/ raw':>7}{'CPU s':>7}{'ends at':>9}"
+    width = max(26, *(len(k) + 2 for k in rows))
+    print(f"{'setting':<{width}}{'seconds per round':>22}{'best MB/s':>11}{'/ raw':>7}{'CPU s':>7}{'ends at':>9}"
           f"{'peak buffered':>15}{'peak RSS':>10}")
     for name, runs in rows.items():
         walls = [r["wall_s"] for r in runs]
@@ -174,9 +187,10 @@ def main(argv: list[str] | None = None) -> int:
         if "concurrency" in best:
             extra = (f"{best['concurrency']:>9}{max(r['peak_buffered'] for r in runs) / 2**20:>11.0f} MiB"
                      f"{max(r['peak_rss'] for r in runs) / 1e6:>7.0f} MB")
-        print(f"{name:<26}{' '.join(f'{w:.3f}' for w in walls):>22}{best['bytes'] / best['wall_s'] / 1e6:>11.0f}"
+        print(f"{name:<{width}}{' '.join(f'{w:.3f}' for w in walls):>22}{best['bytes'] / best['wall_s'] / 1e6:>11.0f}"
               f"{raw_best / best['wall_s']:>7.2f}{best['cpu_s']:>7.2f}{extra}")
-    _dataloader_table(Path(args.root), args.rounds, [None, *args.tree])
+    if not args.no_epochs:
+        _dataloader_table(Path(args.root), args.rounds, trees)
     return 0
 
 
