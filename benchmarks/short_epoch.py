@@ -122,7 +122,7 @@ def _epochs(urls: list[str], persistent: bool, epochs: int = 4) -> dict[str, Any
         started = time.perf_counter()
         samples = sum(1 for _ in loader)
         walls.append(time.perf_counter() - started)
-    return {"walls": walls, "samples": samples, "library": str(Path(wds.__file__).parent.parent)}
+    return {"walls": walls, "samples": samples, "library": str(Path(wds.__file__).resolve().parent.parent)}
 
 
 def _run(urls: list[str], options: dict[str, Any], tree: str | None = None) -> dict[str, Any]:
@@ -134,6 +134,8 @@ def _run(urls: list[str], options: dict[str, Any], tree: str | None = None) -> d
     if proc.returncode != 0:
         raise RuntimeError(f"phase {options} failed:\n{proc.stderr[-3000:]}")
     row: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    if tree is not None and row.get("library") != str(Path(tree).resolve()):  # the tree's package, not this one's
+        raise RuntimeError(f"the phase for {tree} imported wds_async from {row.get('library')}")
     return row
 
 
@@ -172,10 +174,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{KNOBS.bw / 1e6:.0f} MB/s per connection; one pass, each phase a fresh process", flush=True)
         for _ in range(args.rounds):  # settings interleaved, so that a busy moment of the machine hits all of them
             for name, options, tree in runs_of:
-                row = _run(urls, json.loads(json.dumps(options)), tree)
-                if tree is not None and row.get("library") != tree:  # the tree's package, not this one's
-                    raise RuntimeError(f"the phase for {tree} imported wds_async from {row.get('library')}")
-                rows[label[name, tree]].append(row)
+                rows[label[name, tree]].append(_run(urls, json.loads(json.dumps(options)), tree))
     raw_best = min(r["wall_s"] for r in rows["raw 256"])
     width = max(26, *(len(k) + 2 for k in rows))
     print(f"{'setting':<{width}}{'seconds per round':>22}{'best MB/s':>11}{'/ raw':>7}{'CPU s':>7}{'ends at':>9}"
