@@ -29,10 +29,11 @@ What it does:
   pieces for the engine when the loop is busy. A ranged GET's buffer, when the pool has no spare one, is sized for
   its range (``Wire.expect``: the range and ``HEAD_ROOM``) rather than ``READ_BYTES``: random access sends one
   64 KiB range per sample, a batch at a time, and a fresh buffer is zeroed and faulted in whole.
-* Errors are aiohttp's types where aiohttp has one for the same event (a body cut short is a
-  ``ClientPayloadError``, a server that closed before answering a ``ServerDisconnectedError``), ``TimeoutError``
+* Errors are the namesakes of aiohttp's types for the same event, defined in :mod:`._h1frame` (a body cut short
+  is a ``ClientPayloadError``, a server that closed before answering a ``ServerDisconnectedError``), ``TimeoutError``
   for a stall, ``OSError`` and ``ssl`` errors as the socket raises them, so :mod:`._errors` stays the one table.
-  A malformed answer is a :class:`MalformedAnswer`, an ``aiohttp.ClientError`` (the table's "request failed").
+  A malformed answer is a :class:`MalformedAnswer`, a ``ClientError`` (the table's "request failed"). This module
+  does not import aiohttp, so neither does a process that reads every shard through it.
 
 What it does not do (the caller sends those requests through aiohttp): proxies, redirects (a 3xx answer is
 handed back, and the caller repeats the request there), cookies, compression (``Accept-Encoding: identity``),
@@ -51,11 +52,21 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from ._h1frame import MAX_HEAD_BYTES, Dechunk, MalformedAnswer, host_header, parse_head, range_size, request_bytes
+from ._h1frame import (
+    MAX_HEAD_BYTES,
+    ClientPayloadError,
+    Dechunk,
+    InvalidURL,
+    MalformedAnswer,
+    ServerDisconnectedError,
+    host_header,
+    parse_head,
+    range_size,
+    request_bytes,
+)
 from ._h1wire import PAUSE_BYTES, READ_BYTES, Wire
 
 __all__ = ["PAUSE_BYTES", "READ_BYTES", "H1Answer", "H1Pool", "MalformedAnswer"]
@@ -171,8 +182,8 @@ class H1Answer:
             self._eof = True  # the close is the end of this body
             return
         cause = self._wire.error
-        raise aiohttp.ClientPayloadError(f"Response payload is not completed: connection closed "
-                                         f"{'(' + str(cause) + ') ' if cause else ''}before the end of the body")
+        raise ClientPayloadError(f"Response payload is not completed: connection closed "
+                                 f"{'(' + str(cause) + ') ' if cause else ''}before the end of the body")
 
     async def read(self, n: int = -1) -> bytes:
         """Up to ``n`` bytes of the body (all of it for -1): what error answers are read with."""
@@ -235,7 +246,7 @@ class H1Pool:
         target = URL(url)
         scheme, host, port = target.scheme, target.raw_host, target.port
         if scheme not in ("http", "https") or not host or port is None:
-            raise aiohttp.InvalidURL(url)
+            raise InvalidURL(url)
         key = (scheme, host, port)
         sent = CIMultiDict(self.default_headers)
         sent.update(headers)
@@ -263,7 +274,7 @@ class H1Pool:
                 wire.transport.write(request)
                 version, status, reason, headers = await self._head(wire)
                 return H1Answer(self, key, wire, target, sent, version, status, reason, headers, self.read_timeout)
-            except aiohttp.ServerDisconnectedError:
+            except ServerDisconnectedError:
                 wire.close()
                 if reused and not wire.received:
                     continue  # the server closed it while it was idle: once more on a fresh connection
@@ -284,7 +295,7 @@ class H1Pool:
                 if piece is not None:
                     head += piece
                 elif wire.closed:
-                    raise aiohttp.ServerDisconnectedError(
+                    raise ServerDisconnectedError(
                         f"Server disconnected{' (' + str(wire.error) + ')' if wire.error else ''}")
                 else:
                     await wire.wait(self.read_timeout)

@@ -45,7 +45,6 @@ from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, quote, urlsplit
 
-import aiohttp
 import botocore.exceptions
 import botocore.session
 from botocore.auth import S3SigV4QueryAuth
@@ -55,6 +54,7 @@ from wds_async.errors import BackendError, PermissionDenied, TransientError, Url
 from wds_async.io.backend import ByteStream, ObjectIdentity, glob_prefix, glob_regex, status_error
 from wds_async.urls import redact_text
 
+from ._errors import client_errors
 from .http import Answer, HttpBackend
 from .s3_clients import client_future, credentials_future, env_endpoint, make_client
 
@@ -215,9 +215,10 @@ class S3Backend(HttpBackend):
             return await super().response_error(response, shown, offset)
         body = b""
         if response.method != "HEAD":
+            failed: tuple[type[BaseException], ...] = (TimeoutError, *client_errors())
             try:
                 body = await response.content.read(4096)
-            except (TimeoutError, aiohttp.ClientError):
+            except failed:
                 pass
         code = _xml(body, "Code") or str(response.status)
         region = response.headers.get("x-amz-bucket-region") or _xml(body, "Region")

@@ -6,7 +6,10 @@ API, so the glob cases check that ``list()`` refuses and skip (``lists=False``).
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,3 +64,42 @@ class TestHttpBackendThroughAiohttp(BackendContract):
     @pytest.fixture()
     def env(self, served: tuple[Path, StoreProcess]) -> ContractEnv:
         return http_env(served, "aiohttp")
+
+
+#: A fresh process that reads shards over http with the defaults (the builtin client), then a missing shard and a
+#: dead port, and reports the samples, the two errors and whether aiohttp was imported.
+_NO_AIOHTTP = r"""
+import json, socket, sys
+import wds_async as wds
+from wds_async.backends._errors import client_errors
+urls = json.loads(sys.argv[1])
+samples = sum(1 for _ in wds.WebDataset(urls, nodesplitter=None, workersplitter=None))
+errors = []
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    dead = f"http://127.0.0.1:{s.getsockname()[1]}/shard.tar"  # bound, not listening: refused
+for url in (urls[0].rsplit("/", 1)[0] + "/missing.tar", dead):
+    try:
+        list(wds.WebDataset([url], nodesplitter=None, workersplitter=None))
+    except wds.WdsError as exc:
+        errors.append(f"{type(exc).__name__}: {exc}")
+print(json.dumps({"samples": samples, "errors": errors, "aiohttp": "aiohttp" in sys.modules,
+                  "client_errors": [t.__name__ for t in client_errors()]}))
+"""
+
+
+def test_reading_through_the_builtin_client_never_imports_aiohttp(store: StoreProcess, manifest: dict[str, Any]) -> None:
+    """aiohttp is most of what a process's first http dataset cost before its first request (about 190 ms on two
+    cores); the builtin client, which sends every GET by default, raises its own error types, so a job reading
+    shards (and meeting a 404 and a refused connection) never imports it."""
+    urls = [store.url(s["name"]) for s in manifest["shards"][:3]]
+    out = subprocess.run([sys.executable, "-c", _NO_AIOHTTP, json.dumps(urls)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["samples"] == sum(s["samples"] for s in manifest["shards"][:3])
+    missing, refused = got["errors"]
+    assert missing.startswith("NotFound") and "missing.tar" in missing, missing
+    assert refused.startswith("TransientError") and "connection failed" in refused and "shard.tar" in refused, refused
+    assert got["aiohttp"] is False
+    assert got["client_errors"] == ["ClientError"]

@@ -21,7 +21,8 @@ from aiohttp.client_reqrep import ConnectionKey
 from multidict import CIMultiDict, CIMultiDictProxy
 
 import wds_async as wds
-from wds_async.backends._errors import map_aiohttp_errors
+from wds_async.backends import _h1frame as h1
+from wds_async.backends._errors import client_errors, map_aiohttp_errors
 from wds_async.backends.http import HttpBackend
 from wds_async.errors import Throttled
 from wds_async.io.backend import status_error
@@ -67,6 +68,14 @@ CASES: list[tuple[Callable[[], BaseException], bool, type[wds.WdsError], str]] =
     (lambda: aiohttp.TooManyRedirects(_request_info(), (), status=302), False, wds.BackendError,
      "request failed: TooManyRedirects: 302"),
     (lambda: aiohttp.ContentTypeError(_request_info(), ()), True, wds.TransientError, "read failed: ContentTypeError"),
+    # The builtin client's own types, which stand for their aiohttp namesakes (it does not import aiohttp).
+    (lambda: h1.InvalidURL(SIGNED), False, wds.UrlError, "malformed URL"),
+    (lambda: h1.ClientPayloadError("Response payload is not completed"), True, wds.TransientError,
+     "connection closed mid-body (ClientPayloadError)"),
+    (h1.ServerDisconnectedError, False, wds.TransientError, "connection failed: Server disconnected"),
+    (h1.ServerDisconnectedError, True, wds.TransientError, "read failed: Server disconnected"),
+    (lambda: h1.MalformedAnswer("bad chunk size"), False, wds.BackendError, "request failed: MalformedAnswer: bad chunk"),
+    (lambda: h1.MalformedAnswer("bad chunk size"), True, wds.TransientError, "read failed: MalformedAnswer: bad chunk"),
 ]
 
 
@@ -270,3 +279,8 @@ async def test_a_refused_connection_is_transient_at_the_start() -> None:
         assert info.value.offset is None and "SECRETSIG" not in str(info.value)
     finally:
         await backend.aclose()
+
+
+def test_client_errors_name_both_clients_once_aiohttp_is_imported() -> None:
+    assert client_errors() == (h1.ClientError, aiohttp.ClientError)  # this module imported aiohttp
+    assert not issubclass(h1.ClientError, aiohttp.ClientError)  # its own type: the builtin client needs no aiohttp
