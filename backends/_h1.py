@@ -55,18 +55,8 @@ from typing import Any
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from ._h1frame import (
-    MAX_HEAD_BYTES,
-    ClientPayloadError,
-    Dechunk,
-    InvalidURL,
-    MalformedAnswer,
-    ServerDisconnectedError,
-    host_header,
-    parse_head,
-    range_size,
-    request_bytes,
-)
+from . import _h1frame as frame
+from ._h1frame import MAX_HEAD_BYTES, Dechunk, MalformedAnswer, host_header, parse_head, range_size, request_bytes
 from ._h1wire import PAUSE_BYTES, READ_BYTES, Wire
 
 __all__ = ["PAUSE_BYTES", "READ_BYTES", "H1Answer", "H1Pool", "MalformedAnswer"]
@@ -182,8 +172,8 @@ class H1Answer:
             self._eof = True  # the close is the end of this body
             return
         cause = self._wire.error
-        raise ClientPayloadError(f"Response payload is not completed: connection closed "
-                                 f"{'(' + str(cause) + ') ' if cause else ''}before the end of the body")
+        raise frame.ClientPayloadError(f"Response payload is not completed: connection closed "
+                                       f"{'(' + str(cause) + ') ' if cause else ''}before the end of the body")
 
     async def read(self, n: int = -1) -> bytes:
         """Up to ``n`` bytes of the body (all of it for -1): what error answers are read with."""
@@ -246,7 +236,7 @@ class H1Pool:
         target = URL(url)
         scheme, host, port = target.scheme, target.raw_host, target.port
         if scheme not in ("http", "https") or not host or port is None:
-            raise InvalidURL(url)
+            raise frame.InvalidURL(url)
         key = (scheme, host, port)
         sent = CIMultiDict(self.default_headers)
         sent.update(headers)
@@ -274,7 +264,7 @@ class H1Pool:
                 wire.transport.write(request)
                 version, status, reason, headers = await self._head(wire)
                 return H1Answer(self, key, wire, target, sent, version, status, reason, headers, self.read_timeout)
-            except ServerDisconnectedError:
+            except frame.ServerDisconnectedError:
                 wire.close()
                 if reused and not wire.received:
                     continue  # the server closed it while it was idle: once more on a fresh connection
@@ -295,7 +285,7 @@ class H1Pool:
                 if piece is not None:
                     head += piece
                 elif wire.closed:
-                    raise ServerDisconnectedError(
+                    raise frame.ServerDisconnectedError(
                         f"Server disconnected{' (' + str(wire.error) + ')' if wire.error else ''}")
                 else:
                     await wire.wait(self.read_timeout)

@@ -25,7 +25,7 @@ class ClientError(Exception):
     whichever client sent the request.
 
     Types of its own rather than aiohttp's, so that the builtin client's path (every GET of a shard by default) never
-    imports aiohttp: that import is most of what a process's first http(s), ``s3://`` or ``az://`` dataset costs
+    imports aiohttp: that import is most of what a process's first http(s), ``s3://`` or ``gs://`` dataset costs
     before its first request (about 190 ms on the 2-core machine, measured with ``-X importtime``)."""
 
 

@@ -53,6 +53,8 @@ class _Timeouts(NamedTuple):
 
     sock_connect: float | None
     sock_read: float | None
+
+
 #: Which client sends the GETs of bodies (``backend_options={"http": {"client": ...}}``).
 CLIENTS = ("builtin", "aiohttp")
 
