@@ -12,6 +12,11 @@ errors checked are the ones the engine sees (and resumes from, at the offset the
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -213,6 +218,37 @@ async def test_interim_answers_are_skipped_and_redirects_followed() -> None:
         assert await read_all(backend, server.url("/new")) == b"moved here"
     # the builtin client's /old got the 302; aiohttp asked again and followed it; /new needs no aiohttp
     assert [p for _, p, _ in server.requests] == ["/old", "/old", "/new", "/new"]
+
+
+_REDIRECT_IN_A_FRESH_PROCESS = r"""
+import asyncio, json, sys
+from tests.unit.h1_servers import answer, http_backend, read_all, scripted
+
+async def main():
+    async def reply(path, w, n):
+        w.write(answer(b"", "302 Found", "Location: /new\r\n") if path == "/old" else answer(b"moved here"))
+        await w.drain()
+        return True
+
+    async with scripted(reply) as server, http_backend() as backend:
+        direct = await read_all(backend, server.url("/new"))
+        before = "aiohttp" in sys.modules
+        moved = await read_all(backend, server.url("/old"))
+    return {"direct": direct.decode(), "before": before, "moved": moved.decode(), "after": "aiohttp" in sys.modules}
+
+print(json.dumps(asyncio.run(main())))
+"""
+
+
+def test_a_redirect_imports_aiohttp_at_its_first_use_in_a_fresh_process() -> None:
+    """The builtin client's path never imports aiohttp (see backends/_h1frame.ClientError); the first redirect,
+    which aiohttp follows, imports it where the session is made, from the event loop, and is read as before."""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", _REDIRECT_IN_A_FRESH_PROCESS], capture_output=True, text=True,
+                         timeout=120, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"direct": "moved here", "before": False,
+                                                               "moved": "moved here", "after": True}
 
 
 @pytest.mark.asyncio
