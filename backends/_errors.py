@@ -82,7 +82,7 @@ def error_table() -> _Table:
         (both(h1.InvalidURL, "InvalidURL"),
          (UrlError, "malformed URL"),
          (UrlError, "malformed URL")),
-        ((ssl.SSLCertVerificationError, *(() if aiohttp is None else (aiohttp.ClientConnectorCertificateError,))),
+        (both(ssl.SSLCertVerificationError, "ClientConnectorCertificateError"),
          (BackendError, "TLS certificate verification failed ({detail})" + _CA_HINT),
          (BackendError, "TLS certificate verification failed ({detail})" + _CA_HINT)),
         (both(h1.ClientPayloadError, "ClientPayloadError"),
