@@ -155,12 +155,14 @@ class EngineConfig:
         min_connections / start_connections / connection_cap: the autotuner's floor, first value and
             ceiling (the node budget lowers the ceiling to this process's share). A list of local files
             starts at ``min_connections`` unless ``start_connections`` was changed (see docs/tuning.md).
-        early_start: the autotuner's start-up (see docs/tuning.md): while no request has been answered and
-            items wait for a token, the level doubles every 0.1 s (at most three times); once the first
+        early_start: the autotuner's start-up (see docs/tuning.md): at the default start level, 8 requests
+            first, and the start level only if no answer came within 10 ms (a store on the same host keeps 8);
+            while no request has been answered and items wait for a token, the level doubles every 0.1 s (at
+            most three times); once the first
             answers stream, where requests mostly wait for their first byte, the level jumps at once (for a
             known list, to at least half the items left) instead of ramping: a short epoch is over before a
             ramp from 32 finds its level. A dataset's next epoch, which starts at the level the last one
-            settled at, turns both off.
+            settled at, turns them off.
         part_bytes: a shard larger than this is fetched as concurrent ranged parts of this size, fed to
             its parser in order (0: never split; else at least 32 KiB, see :data:`MIN_PART_BYTES`). ``pipe:``
             sources are always read sequentially.

@@ -62,8 +62,10 @@ def test_stats_say_what_the_concurrency_is_and_why(shards: Path) -> None:
 
 
 def test_the_next_epoch_starts_where_the_tuner_settled(shards: Path) -> None:
+    # early_start off: the first epoch starts at 32 itself (a default cold start would probe with 8 first)
+    config = wds.EngineConfig(early_start=False)
     with StoreProcess(shards, Knobs(bw=4e6, max_concurrent=6)) as store:
-        ds = wds.WebDataset(_urls(store), nodesplitter=None, workersplitter=None)
+        ds = wds.WebDataset(_urls(store), nodesplitter=None, workersplitter=None, config=config)
         assert sum(1 for _ in ds) == TOTAL
         settled = ds.stats()["concurrency"]
         throttled_first = ds.stats()["throttled"]
@@ -88,8 +90,10 @@ def test_a_slow_consumer_makes_it_give_connections_back(shards: Path) -> None:
     # consumer's pace (64 KiB per 25 ms) past the end of the loop, so the tuner meets the slow consumer for the whole
     # rest of it. (With 32 MiB the whole dataset was read about 1.5 s in, and the tuner stopped wherever it was then:
     # 11 or 10, by one interval, under a loaded CI machine.)
+    # (early_start off: a default cold start probes with 8 for its first 10 ms, which the first sample may beat)
     with StoreProcess(shards, Knobs(ttfb=0.01)) as store:
-        ds = wds.WebDataset(_urls(store), max_buffered_bytes=16 * MiB, nodesplitter=None, workersplitter=None)
+        ds = wds.WebDataset(_urls(store), max_buffered_bytes=16 * MiB, nodesplitter=None, workersplitter=None,
+                            config=wds.EngineConfig(early_start=False))
         it = iter(ds)
         next(it)
         start = ds.stats()["concurrency"]
@@ -142,7 +146,7 @@ def longer_list(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
 
 def test_requests_that_mostly_wait_for_their_first_byte_raise_the_level_at_once(longer_list: tuple[Path, int]) -> None:
     # 200 ms to first byte, then 1 MiB at 10 MB/s: two thirds of a request is waiting. With no answer after
-    # 100 ms the level doubles (and after 200 ms again, to the 80 items of the list); where it has not reached
+    # 10 ms the probe's 8 requests become the start level's 32; with no answer after 100 ms more the level doubles (and after 200 ms again, to the 80 items of the list); where it has not reached
     # them, the first answers' transfer is measured one tick after they stream, and the level jumps by about
     # 1 / (1 - 2/3) = 3x, no further than the items left. All before the first interval ends (0.5 s); then it holds.
     root, total = longer_list
@@ -150,7 +154,9 @@ def test_requests_that_mostly_wait_for_their_first_byte_raise_the_level_at_once(
         seen = _reasons(wds.WebDataset(_urls(store, LONGER), nodesplitter=None, workersplitter=None), total)
     jumps = [(t, level) for t, level, reason in seen if reason.startswith(("latency-bound", "waiting: no answer"))]
     assert jumps, seen
-    assert seen[1][2].startswith("waiting: no answer after 100 ms with 32 requests out: 32 -> 64"), seen
+    reasons = [reason for _, _, reason in seen]
+    probe = reasons.index("probe: no answer after 10 ms with 8 requests out: 8 -> 32")
+    assert reasons[probe + 1].startswith("waiting: no answer after 100 ms with 32 requests out: 32 -> 64"), seen
     when, level = jumps[-1]
     assert when < 0.5 and 40 < level <= LONGER, seen
     assert seen[-1][1] == level, seen  # a short list holds at its two waves
@@ -245,3 +251,30 @@ def test_the_local_start_keeps_what_the_user_chose() -> None:
     assert not _all_local(["/data/a.tar", "http://127.0.0.1:1/b.tar"], backends)
     assert not _all_local(iter(["/data/a.tar"]), backends)  # a lazy stream: not known to be local
     assert not _all_local([], backends)
+
+
+def test_a_default_cold_start_probes_with_a_few_requests_first() -> None:
+    from wds_async.engine.engine import probed_start
+    from wds_async.engine.startup import PROBE_LEVEL
+
+    budget = 256 * MiB
+    assert PROBE_LEVEL == 8
+    assert probed_start(wds.EngineConfig(), budget) == (8, 32)  # the default start: 8 first, then 32 at 10 ms
+    assert probed_start(wds.EngineConfig(), 16 * MiB) == (8, 12)  # the start the budget's cap allows
+    assert probed_start(wds.EngineConfig(), 8 * MiB) == (6, None)  # a start at or under 8 has nothing to probe
+    assert probed_start(wds.EngineConfig(start_connections=16), budget) == (16, None)  # chosen: kept
+    assert probed_start(wds.EngineConfig(early_start=False), budget) == (32, None)  # no start-up checks
+    assert probed_start(wds.EngineConfig().starting_at(64), budget) == (64, None)  # a learned start
+    assert probed_start(wds.EngineConfig(), budget, local=True) == (2, None)  # local files: from the floor
+    assert probed_start(wds.EngineConfig(), budget, probe=False) == (32, None)  # a mix's routes
+
+
+def test_a_store_that_answers_at_once_keeps_the_probe_level(shards: Path) -> None:
+    # A fast store on loopback (no time to first byte, no bandwidth cap) answers well within 10 ms on an idle
+    # machine; under a loaded CI machine it may not, and then the probe goes to 32 as for any store. Either way
+    # the reason says which, and every sample arrives once.
+    with StoreProcess(shards, Knobs()) as store:
+        seen = _reasons(wds.WebDataset(_urls(store), nodesplitter=None, workersplitter=None))
+    reasons = [reason for _, _, reason in seen]
+    assert seen[0][1:] in ((8, "start"), (32, "probe: no answer after 10 ms with 8 requests out: 8 -> 32")), seen
+    assert not [r for r in reasons if r.startswith(("waiting", "latency-bound"))], seen

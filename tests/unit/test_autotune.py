@@ -247,6 +247,39 @@ async def test_an_answer_or_room_stops_the_doublings(answer: str) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
+@pytest.mark.asyncio
+async def test_the_probe_goes_to_the_start_level_when_no_answer_came_within_10_ms() -> None:
+    tuner = Autotuner(Limiter(8), Stats(), None, minimum=2, cap=204, probe_to=32)
+    tuner.stats.shards_total = 256
+    tasks = await _queued(tuner, 248)
+    tuner._waited = (0.0, 0)  # what run() sets at its start
+    assert not tuner.before_answers(0.005) and tuner.limiter.total == 8  # within the probe's 10 ms
+    assert tuner.before_answers(0.01) and tuner.limiter.total == 32
+    assert tuner.stats.concurrency_reason == "probe: no answer after 10 ms with 8 requests out: 8 -> 32"
+    await _queued(tuner, 0)
+    assert not tuner.before_answers(0.1)  # the doublings count from the probe's end
+    assert tuner.before_answers(0.11) and tuner.limiter.total == 64
+    assert tuner.stats.concurrency_reason == "waiting: no answer after 100 ms with 32 requests out: 32 -> 64"
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("case", ["answered", "none waiting", "learned"])
+async def test_the_probe_level_stays_when_the_store_answered_or_nothing_waits(case: str) -> None:
+    tuner = Autotuner(Limiter(8), Stats(), None, minimum=2, cap=204, probe_to=32, cold=case != "learned")
+    tasks = await _queued(tuner, 0 if case == "none waiting" else 24)
+    tuner._waited = (0.0, 0) if case != "learned" else None
+    if case == "answered":
+        tuner.stats.ttfb_s = 0.002
+    assert not tuner.before_answers(0.01) and not tuner.before_answers(0.2) and tuner.limiter.total == 8
+    assert tuner._probe_to is None
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def _drive_loop(tuner: Autotuner, store, seconds: float, step: float = 0.5) -> list[tuple[float, int, float]]:  # type: ignore[no-untyped-def]
     """Run the tuner against ``store(level) -> (bytes/s, the loop thread's busy share)``, every request in flight."""
     trace = []

@@ -62,7 +62,7 @@ from dataclasses import dataclass
 from ..io.budget import ByteBudget
 from ..stats import Stats
 from .limiter import Limiter
-from .startup import TICK, StartUp, latency_level, waiting_share
+from .startup import PROBE_TICK, TICK, StartUp, latency_level, waiting_share
 
 __all__ = ["Autotuner", "Observation", "latency_level", "waiting_share"]
 
@@ -96,7 +96,7 @@ class Autotuner(StartUp):
 
     def __init__(self, limiter: Limiter, stats: Stats, budget: ByteBudget | None, *, minimum: int, cap: int,
                  probe_every: float = 5.0, has_work: Callable[[], bool] = lambda: True,
-                 cold: bool = True, start_reason: str = "start") -> None:
+                 cold: bool = True, start_reason: str = "start", probe_to: int | None = None) -> None:
         self.limiter = limiter
         #: False once the engine has handed out its last item: waiting readers then wait for nothing.
         self.has_work = has_work
@@ -119,6 +119,8 @@ class Autotuner(StartUp):
         self._sized = not cold           # the latency check has run (see ``size``); a learned start skips it
         self._size_from: tuple[float, int, int] | None = None  # (time, bytes read, streams) at its first tick
         self._waited: tuple[float, int] | None = None  # (time of the last doubling or the start, doublings) before any answer
+        #: The start level a cold start probing at PROBE_LEVEL goes to unless an answer comes first (see startup).
+        self._probe_to = probe_to if cold else None
         self._set(limiter.total, start_reason)
 
     # -- the loop ------------------------------------------------------------------------------------
@@ -153,7 +155,7 @@ class Autotuner(StartUp):
             while loop.time() - started < length:
                 if mark is None and loop.time() - started >= settle:
                     mark = (loop.time(), self.stats.bytes_read)
-                await asyncio.sleep(TICK)
+                await asyncio.sleep(PROBE_TICK if self._probe_to is not None else TICK)
                 ticks += 1
                 if not self._sized and (self.before_answers(loop.time()) or self.size(loop.time())):
                     jumped = True  # the level jumped: this interval judged the old one; start a new one

@@ -53,6 +53,7 @@ from .itemread import ItemReads
 from .limiter import Limiter
 from .outcomes import Outcomes
 from .spec import Handler, StreamSpec
+from .startup import PROBE_LEVEL
 from .tokens import Tokens
 from .work import ItemDone, WorkItem
 
@@ -93,6 +94,18 @@ def start_level(config: EngineConfig, budget_limit: int, *, local: bool = False)
     ``local_reads``), an autotuned engine whose start is the default starts at its floor."""
     first = config.min_connections if local and _may_start_local(config) else config.first_connections
     return min(connection_cap(config, budget_limit), first)
+
+
+def probed_start(config: EngineConfig, budget_limit: int, *, local: bool = False,
+                 probe: bool = True) -> tuple[int, int | None]:
+    """``(first level, probe_to)`` of an autotuned engine: a cold start at the default start level probes with
+    ``PROBE_LEVEL`` requests and goes to :func:`start_level` (``probe_to``) unless the store answers within
+    ``PROBE_WAIT`` (see engine/startup.py, ``probe``); a start the user set, a learned one (``early_start`` off),
+    a list of local files and ``probe=False`` start at :func:`start_level` (``probe_to`` None)."""
+    level = start_level(config, budget_limit, local=local)
+    if not probe or local or not config.early_start or not _may_start_local(config) or level <= PROBE_LEVEL:
+        return level, None
+    return PROBE_LEVEL, level
 
 
 #: How many of a list's first items :func:`_all_local` looks at: a pass over 100,000 shards would otherwise delay
@@ -159,10 +172,14 @@ class Engine:
             self.stats.concurrency_reason = "shared: the node service's limiter"
         elif config.autotune:
             local = _may_start_local(config) and _all_local(self.urls, self.backends)  # (no scan otherwise)
-            self.limiter = Limiter(start_level(config, self.budget.limit, local=local))
+            # A mix's routes size their windows from the level when they prime their first items: no probe there
+            first, probe_to = probed_start(config, self.budget.limit, local=local,
+                                           probe=not isinstance(self.channel, RoutedChannel))
+            self.limiter = Limiter(first)
             tuner = Autotuner(self.limiter, self.stats, self.budget, minimum=min(config.min_connections, cap),
                               cap=cap, has_work=lambda: not self._exhausted, cold=config.early_start,
-                              start_reason="start: local files, from min_connections" if local else "start")
+                              start_reason="start: local files, from min_connections" if local else "start",
+                              probe_to=probe_to)
         else:
             self.limiter = Limiter(start_level(config, self.budget.limit))
             self.stats.concurrency = self.stats.concurrency_cap = cap
