@@ -146,7 +146,8 @@ def longer_list(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
 
 def test_requests_that_mostly_wait_for_their_first_byte_raise_the_level_at_once(longer_list: tuple[Path, int]) -> None:
     # 200 ms to first byte, then 1 MiB at 10 MB/s: two thirds of a request is waiting. With no answer after
-    # 10 ms the probe's 8 requests become the start level's 32; with no answer after 100 ms more the level doubles (and after 200 ms again, to the 80 items of the list); where it has not reached
+    # 10 ms the probe's 8 requests become the start level's 32; with no answer after 100 ms more the level doubles
+    # (and after 200 ms again, to the 80 items of the list); where it has not reached
     # them, the first answers' transfer is measured one tick after they stream, and the level jumps by about
     # 1 / (1 - 2/3) = 3x, no further than the items left. All before the first interval ends (0.5 s); then it holds.
     root, total = longer_list
