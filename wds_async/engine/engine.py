@@ -83,16 +83,16 @@ def connection_cap(config: EngineConfig, budget_limit: int) -> int:
 _DEFAULT_START: int = EngineConfig.start_connections
 
 
-def _may_start_local(config: EngineConfig) -> bool:
-    """Whether a list of local files may start at the floor: an autotuned start left at its default (a chosen or
-    learned start is kept)."""
+def _default_start(config: EngineConfig) -> bool:
+    """Whether the start is the library's to choose: an autotuned start left at its default (a chosen or learned
+    start is kept). Then a list of local files starts at the floor, and any other cold start probes first."""
     return config.autotune and config.start_connections == _DEFAULT_START
 
 
 def start_level(config: EngineConfig, budget_limit: int, *, local: bool = False) -> int:
     """The concurrency an engine of its own limiter starts at: with ``local`` (every item from a backend with
     ``local_reads``), an autotuned engine whose start is the default starts at its floor."""
-    first = config.min_connections if local and _may_start_local(config) else config.first_connections
+    first = config.min_connections if local and _default_start(config) else config.first_connections
     return min(connection_cap(config, budget_limit), first)
 
 
@@ -103,7 +103,7 @@ def probed_start(config: EngineConfig, budget_limit: int, *, local: bool = False
     ``PROBE_WAIT`` (see engine/startup.py, ``probe``); a start the user set, a learned one (``early_start`` off),
     a list of local files and ``probe=False`` start at :func:`start_level` (``probe_to`` None)."""
     level = start_level(config, budget_limit, local=local)
-    if not probe or local or not config.early_start or not _may_start_local(config) or level <= PROBE_LEVEL:
+    if not probe or local or not config.early_start or not _default_start(config) or level <= PROBE_LEVEL:
         return level, None
     return PROBE_LEVEL, level
 
@@ -171,7 +171,7 @@ class Engine:
             self.stats.concurrency = self.stats.concurrency_cap = self.limiter.total
             self.stats.concurrency_reason = "shared: the node service's limiter"
         elif config.autotune:
-            local = _may_start_local(config) and _all_local(self.urls, self.backends)  # (no scan otherwise)
+            local = _default_start(config) and _all_local(self.urls, self.backends)  # (no scan otherwise)
             # A mix's routes size their windows from the level when they prime their first items: no probe there
             first, probe_to = probed_start(config, self.budget.limit, local=local,
                                            probe=not isinstance(self.channel, RoutedChannel))

@@ -118,7 +118,7 @@ class StartUp:
             return False
         since, doublings = self._waited
         if self._probe_to is not None:
-            return self._probe(now, since)
+            return self._probe(now, since, self._probe_to)
         if now - since < WAIT_STEP - 1e-6 or doublings >= WAIT_DOUBLINGS:  # (two ticks make a step)
             return False
         if not self.limiting():
@@ -135,12 +135,13 @@ class StartUp:
                           f"requests out: {level} -> {target}")
         return True
 
-    def _probe(self, now: float, since: float) -> bool:
+    def _probe(self, now: float, since: float, target: int) -> bool:
         """``probe`` in the module docstring: no answer :data:`PROBE_WAIT` after the start, so go to the start
-        level (when every token is taken with items waiting); the doublings count from here. True when it rose."""
+        level ``target`` (when every token is taken with items waiting); the doublings count from here. True when
+        it rose."""
         if now - since < PROBE_WAIT - 1e-6:
             return False
-        level, target = self.limiter.total, self._probe_to or 0
+        level = self.limiter.total
         self._probe_to = None
         self._waited = (now, 0)
         if target <= level or not self.limiting():
