@@ -56,15 +56,23 @@ def case(seed: int) -> tuple[list[float], list[int], bool]:
     return weights, lengths, rng.random() < 0.5
 
 
+@pytest.fixture(params=[4, 128, BalancedDraws.AHEAD], ids=lambda n: f"ahead{n}")
+def ahead(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Picks made this many at a time: blocks short enough that the cases below cross many of them, and the
+    library's own."""
+    monkeypatch.setattr(BalancedDraws, "AHEAD", request.param)
+    return int(request.param)
+
+
 @pytest.mark.parametrize("seed", range(40))
-def test_blocks_of_picks_give_the_one_at_a_time_sequence(seed: int) -> None:
+def test_blocks_of_picks_give_the_one_at_a_time_sequence(seed: int, ahead: int) -> None:
     weights, lengths, longest = case(seed)
     got = list(draw(sources(lengths), BalancedDraws(weights, "s"), longest, set()))
     assert got == model(weights, "s", lengths, longest)
 
 
 @pytest.mark.parametrize("seed", range(40))
-def test_a_state_taken_anywhere_continues_the_sequence(seed: int) -> None:
+def test_a_state_taken_anywhere_continues_the_sequence(seed: int, ahead: int) -> None:
     """Checkpoint after a random number of items (inside a block, at its end, after a source ran out), load the
     JSON state into a fresh chooser over the rest of each source, and again from there: one sequence."""
     weights, lengths, longest = case(seed)
@@ -80,7 +88,7 @@ def test_a_state_taken_anywhere_continues_the_sequence(seed: int) -> None:
         taken = [sum(1 for i, _ in got if i == j) for j in range(len(weights))]
         rest = [iter([(j, k) for k in range(taken[j], lengths[j])]) for j in range(len(weights))]
         stream = draw(rest, chooser, longest, ended)
-        stop = rng.choice([0, 1, 127, 128, 129, 255, 256, rng.randint(0, 600)])
+        stop = rng.choice([0, 1, ahead - 1, ahead, ahead + 1, 2 * ahead - 1, 2 * ahead, rng.randint(0, 600)])
         for item in stream:
             got.append(item)
             if len(got) % 1000 == stop % 1000 and rng.random() < 0.7:
