@@ -270,12 +270,17 @@ def test_a_default_cold_start_probes_with_a_few_requests_first() -> None:
     assert probed_start(wds.EngineConfig(), budget, probe=False) == (32, None)  # a mix's routes
 
 
-def test_a_store_that_answers_at_once_keeps_the_probe_level(shards: Path) -> None:
+def test_a_store_that_answers_at_once_keeps_the_probe_start(shards: Path) -> None:
     # A fast store on loopback (no time to first byte, no bandwidth cap) answers well within 10 ms on an idle
     # machine; under a loaded CI machine it may not, and then the probe goes to 32 as for any store. Either way
-    # the reason says which, and every sample arrives once.
+    # the reason says which, and every sample arrives once. The store answered, so the doublings that wait for a
+    # first answer never run. The latency check may: on a loaded machine the first answers can take a few ms,
+    # which against 1 MB at hundreds of MB/s per stream is most of a request (seen in CI: "71% of a request
+    # waits for its first byte (8 ms, then 1.0 MB at 304 MB/s per stream): 8 -> 24"), and then its reason says
+    # what it measured.
     with StoreProcess(shards, Knobs()) as store:
         seen = _reasons(wds.WebDataset(_urls(store), nodesplitter=None, workersplitter=None))
     reasons = [reason for _, _, reason in seen]
     assert seen[0][1:] in ((8, "start"), (32, "probe: no answer after 10 ms with 8 requests out: 8 -> 32")), seen
-    assert not [r for r in reasons if r.startswith(("waiting", "latency-bound"))], seen
+    assert not [r for r in reasons if r.startswith("waiting")], seen
+    assert all(" ms, then " in r for r in reasons if r.startswith("latency-bound")), seen
