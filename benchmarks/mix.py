@@ -242,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{('ok' if mem_ok else 'MISSED') + f' <{limit_mb:.0f}':>10}")
         # Each round runs the mix and then the single dataset: the ratio of each pair shows the spread that one
         # median of a few rounds hides on a shared machine.
-        pairs = sorted(m["wait_s"] / s["wait_s"] for m, s in zip(runs[ph]["mix"], runs[ph]["single"]) if s["wait_s"] > 0)
+        pairs = sorted(m["wait_s"] / s["wait_s"] for m, s in zip(runs[ph]["mix"], runs[ph]["single"])
+                       if s["wait_s"] > 0)
         spread = f"; round by round {pairs[0]:.2f}-{pairs[-1]:.2f}" if len(pairs) > 1 else ""
         verdicts.append(f"{ph}: mix/single wait {ratio:.2f} ({'within' if ratio <= 1.10 else 'MISSES'} the 10% "
                         f"target; {med[ph]['mix']['wait_s'] - single_wait:+.2f} s{spread})")

@@ -135,7 +135,8 @@ class BalancedDraws(Chooser):
     Each block starts by taking that state (the generator's 625 words as Python ints, the counts and due times),
     so the block is long: at 128 picks a block, the states were 4% of a mix's consumer CPU (py-spy, the slow phase
     of ``benchmarks.mix``) and 1,024 took the consumer's CPU inside ``next()`` from 27.9 to 25.7 and from 27.6 to
-    26.5 us per sample (medians of 4 and 5 runs in turn, two runs). A load or a drop recomputes at most one block: about 0.4 ms with twenty sources.
+    26.5 us per sample (medians of 4 and 5 runs in turn, two runs). A load or a drop recomputes at most one
+    block: about 0.4 ms with twenty sources.
 
     While picks are made the heap is the truth: each entry carries its source's count, and ``count`` and ``due``
     are brought up to date from it (:meth:`_sync`) only where they are read (a state, a drop). The loop then
