@@ -4,7 +4,8 @@
 # The suite runs in one process per CPU plus one, 4 at most (pytest-xdist; each test file whole on one process, so a
 # file's servers and launchers start once): a third of its time waits on sockets, servers and child processes, and
 # the extra process fills it (2 cores: 615 s in 2 processes, 516 s in 3 at 193% CPU). The CPUs are the ones
-# this process may run on (a container's cpuset; a CPU quota does not show). `-n 0` among the arguments runs it in this process alone.
+# this process may run on (a container's cpuset; a CPU quota does not show). `-n 0` among the arguments runs it
+# in this process alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh dev
