@@ -9,5 +9,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh dev
-procs=$(.venv/bin/python -c "import os; print(min(4, len(os.sched_getaffinity(0)) + 1))")
+count='import os
+cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+print(min(4, len(cpus) + 1))'
+procs=$(.venv/bin/python -c "$count")
 exec .venv/bin/python -m pytest --numprocesses "$procs" --dist loadfile "$@"
