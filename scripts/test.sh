@@ -2,7 +2,7 @@
 # Command 2: install the test dependencies, then run the whole suite. The tests start the real local
 # servers they use (the emulated object store, as a subprocess on 127.0.0.1) and stop them afterwards.
 # The suite runs in one process per CPU plus one, 4 at most (pytest-xdist; each test file whole on one process, so a
-# file's servers and launchers start once): a third of its time waits on sockets, servers and child processes, and
+# file's servers and launchers start once): part of its time waits on sockets, servers and child processes, and
 # the extra process fills it (2 cores: 615 s in 2 processes, 516 s in 3 at 193% CPU). The CPUs are the ones
 # this process may run on (a container's cpuset; a CPU quota does not show). `-n 0` among the arguments runs it
 # in this process alone.
