@@ -87,6 +87,8 @@ while True:
     sample = next(it, None)
     dt = time.perf_counter() - t
     cpu += time.thread_time() - c
+    if n == 0:
+        first_cpu = time.thread_time() - c
     wait += dt
     if sample is None:
         break
@@ -105,7 +107,7 @@ done.set()
 above = mem.stop()
 mean = lambda xs: sum(xs) / len(xs) if xs else 0.0
 st = data.stats()
-print(json.dumps({"samples": n, "wall_s": wall, "samples_per_s": n / wall, "wait_s": wait, "first_s": first, "next_cpu_s": cpu, "next_cpu_us": cpu / n * 1e6,
+print(json.dumps({"samples": n, "wall_s": wall, "samples_per_s": n / wall, "wait_s": wait, "first_s": first, "next_cpu_s": cpu, "next_cpu_us": cpu / n * 1e6, "first_cpu_s": first_cpu,
                   "engine_wait_s": st["wait_s"], "engine_first_s": st["first_sample_s"],
                   "mb_s": st["bytes_read"] / wall / 1e6, "concurrency": st["concurrency"],
                   "reason": st["concurrency_reason"], "peak_buffered": st["peak_buffered_bytes"],
@@ -215,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                     r = run_child(kind, groups, used, sleep, args.budget, args.longest, args.handoff)
                     runs[phase][kind].append(r)
                     print(f"  {phase:<4} {kind:<6} {r['samples']} samples in {r['wall_s']:.2f} s, waited "
-                          f"{r['wait_s']:.2f} s (engine {r['engine_wait_s']:.2f} s, consumer CPU {r['next_cpu_s']:.2f} s), first {r['first_s'] * 1000:.0f} "
+                          f"{r['wait_s']:.2f} s (engine {r['engine_wait_s']:.2f} s, consumer CPU {r['next_cpu_s']:.2f} s, {r['first_cpu_s'] * 1000:.0f} ms of it in the first next()), first {r['first_s'] * 1000:.0f} "
                           f"ms, {r['concurrency']} connections ({r['reason'] or 'fixed'})", file=sys.stderr,
                           flush=True)
 

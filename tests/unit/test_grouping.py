@@ -80,3 +80,20 @@ def test_sample_pickles_with_position() -> None:
     s.url, s.offset = "u", 512
     t = pickle.loads(pickle.dumps(s))
     assert t == s and (t.url, t.offset) == ("u", 512) and isinstance(t, dict)
+
+
+def test_sample_copies_with_position_as_a_dataloader_converts_it() -> None:
+    import copy
+
+    collate = pytest.importorskip("torch.utils.data._utils.collate")
+    default_convert = collate.default_convert
+
+    s = Sample(__key__="k", jpg=b"x")
+    s.url, s.offset, s.end, s.item = "u", 512, 2048, 3
+    for t in (copy.copy(s), default_convert(s)):
+        assert type(t) is Sample and t == s and t is not s
+        assert (t.url, t.offset, t.end, t.item) == ("u", 512, 2048, 3)
+    t = copy.copy(s)
+    t["cls"] = b"1"
+    assert "cls" not in s  # a shallow copy: its own dict
+    assert copy.copy(Sample(a=b"1")).offset is None

@@ -74,6 +74,14 @@ class Sample(dict):  # type: ignore[type-arg]
     def __reduce__(self):  # type: ignore[no-untyped-def]
         return (_rebuild_sample, (dict(self), self.url, self.offset, self.end, self.item))
 
+    def __copy__(self) -> Sample:
+        # A DataLoader with batch_size=None runs default_convert on every sample, which copy.copy()s a mapping:
+        # through __reduce__ that took 2.6 us per sample, this 0.6 (default_convert itself: about 12).
+        clone = Sample()
+        clone.update(self)
+        clone.__dict__.update(self.__dict__)  # the positions that were set; the rest stay None at class level
+        return clone
+
 
 def _rebuild_sample(data: dict, url: str | None, offset: int | None, end: int | None = None,  # type: ignore[type-arg]
                     item: int | None = None) -> Sample:
