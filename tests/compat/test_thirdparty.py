@@ -5,7 +5,9 @@ They run in a virtual environment of their own, built once and reused (``wds_asy
 benchmark peers' machinery; in ``$WDS_ASYNC_PEERS_DIR/compat``): timm and open-clip-torch need torchvision, and
 PyPI's torchvision does not load beside the CPU torch 2.13.0 of this project's environment, so the venv holds the
 torch 2.14.1 + torchvision 0.29.1 pair, which do (about 5.6 GB, a minute or two to build from the local wheels).
-wds-async itself comes from this checkout (``PYTHONPATH``), its dependencies from its own metadata.
+wds-async itself comes from this checkout (``PYTHONPATH``), its dependencies from its own metadata. Each run is
+forked from a warm launcher in that venv (``tests/warm.py``) that imported torch and its company once: 26 s for the
+file instead of 170.
 
 References: webdataset 1.0.2 for timm; for open_clip, webdataset 0.2.86 (open_clip pins ``webdataset<=0.2.86``:
 1.0.2's ``tar_file_expander`` yields an end-of-shard ``{}`` that open_clip's own ``group_by_keys_nothrow`` cannot
@@ -28,11 +30,13 @@ import re
 import subprocess
 import tarfile
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.warm import WarmLauncher
 from wds_async.cli.bench.peers._venv import VenvError, ensure_venv, peers_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -67,6 +71,45 @@ def venv_python() -> Path:
         return ensure_venv(VENV, steps)
     except VenvError:  # a registry hiccup mid-build: the half-built venv is discarded and built once more
         return ensure_venv(VENV, steps)
+
+
+#: What every run imports before open_clip or timm do anything (about 6 of a run's 7-8 CPU seconds), imported once by
+#: the warm launcher each run is forked from (``tests/warm.py``). Nothing here imports webdataset.
+PRELOAD = ("torch", "torchvision", "numpy", "PIL.Image", "pandas")
+
+
+def _env(paths: list[str]) -> dict[str, str]:
+    # One thread for OpenMP and OpenBLAS, as the resume tests' children have: numpy's import would otherwise start
+    # OpenBLAS's pool, and the warm launcher forks only from a process of one thread (both libraries' runs alike).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, str(ROOT)]), "PYTHONHASHSEED": "0",
+           "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    env.pop("WDS_SHUFFLE_SIZE", None)
+    return env
+
+
+class _Cold:
+    """Each run started from nothing, where the warm launcher refused to start (see ``tests/warm.py``)."""
+
+    def __init__(self, python: Path) -> None:
+        self.python = python
+
+    def run(self, script: str, argv: list[str], env: dict[str, str], folder: Path, timeout: float,
+            quick_exit: bool = False) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(self.python), script, *argv], env=env, capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="session")
+def runner(venv_python: Path) -> Iterator[WarmLauncher | _Cold]:
+    """The venv's interpreter with torch and its company imported, forking a fresh child for every run."""
+    launcher = WarmLauncher(venv_python, PRELOAD, _env([]), timeout=600)
+    if launcher.refused:
+        yield _Cold(venv_python)
+        return
+    try:
+        yield launcher
+    finally:
+        launcher.close()
 
 
 def _jpeg(value: int) -> bytes:
@@ -121,15 +164,13 @@ def timm_root(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(root)
 
 
-def _run(python: Path, lib: str, case: str, data: str, workers: int, tmp_path: Path, *, old: bool = False,
-         nsamples: int = 0) -> dict[str, Any]:
+def _run(runner: WarmLauncher | _Cold, lib: str, case: str, data: str, workers: int, tmp_path: Path, *,
+         old: bool = False, nsamples: int = 0) -> dict[str, Any]:
     out = tmp_path / f"{case}-{lib}-{'old' if old else 'new'}-{workers}.json"
-    paths = [str(_old_webdataset_dir())] if old else []
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, str(ROOT)]), "PYTHONHASHSEED": "0"}
-    env.pop("WDS_SHUFFLE_SIZE", None)
-    cmd = [str(python), str(RUNNER), lib, case, data, str(workers), str(out), "--nsamples", str(nsamples)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    env = _env([str(_old_webdataset_dir())] if old else [])
+    argv = [lib, case, data, str(workers), str(out), "--nsamples", str(nsamples)]
+    proc = runner.run(str(RUNNER), argv, env, tmp_path / "runs", timeout=600, quick_exit=True)
+    assert proc.returncode == 0, f"{RUNNER.name} {' '.join(argv)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     result: dict[str, Any] = json.loads(out.read_text())
     assert result["shim"] is (lib == "wds_async")
     if lib == "webdataset":
@@ -143,17 +184,17 @@ def _keys(result: dict[str, Any]) -> list[list[str]]:
 
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("case", ["openclip-train-ordered", "openclip-resampled", "openclip-eval"])
-def test_open_clip_get_wds_dataset_delivers_what_webdataset_does(venv_python: Path, openclip_shards: str,
+def test_open_clip_get_wds_dataset_delivers_what_webdataset_does(runner: WarmLauncher | _Cold, openclip_shards: str,
                                                                   case: str, workers: int, tmp_path: Path) -> None:
     nsamples = SHARDS * PER_SHARD
-    ours = _run(venv_python, "wds_async", case, openclip_shards, workers, tmp_path, nsamples=nsamples)
-    reference = _run(venv_python, "webdataset", case, openclip_shards, workers, tmp_path, old=True, nsamples=nsamples)
+    ours = _run(runner, "wds_async", case, openclip_shards, workers, tmp_path, nsamples=nsamples)
+    reference = _run(runner, "webdataset", case, openclip_shards, workers, tmp_path, old=True, nsamples=nsamples)
     assert ours["epochs"] == reference["epochs"]
     assert all(epoch for epoch in ours["epochs"])
     if case == "openclip-eval":  # every sample once per epoch, in shard order per worker
         assert all(sorted(keys) == sorted(f"s{s}_{i:02d}" for s in range(SHARDS) for i in range(PER_SHARD))
                    for keys in _keys(ours))
-        assert ours["epochs"] == _run(venv_python, "webdataset", case, openclip_shards, workers, tmp_path,
+        assert ours["epochs"] == _run(runner, "webdataset", case, openclip_shards, workers, tmp_path,
                                       nsamples=nsamples)["epochs"]
     if case == "openclip-train-ordered":
         first, second = _keys(ours)
@@ -161,11 +202,11 @@ def test_open_clip_get_wds_dataset_delivers_what_webdataset_does(venv_python: Pa
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_open_clip_shuffled_training_epochs_hold_the_same_samples(venv_python: Path, openclip_shards: str,
+def test_open_clip_shuffled_training_epochs_hold_the_same_samples(runner: WarmLauncher | _Cold, openclip_shards: str,
                                                                    workers: int, tmp_path: Path) -> None:
     nsamples = SHARDS * PER_SHARD
-    ours = _run(venv_python, "wds_async", "openclip-train", openclip_shards, workers, tmp_path, nsamples=nsamples)
-    reference = _run(venv_python, "webdataset", "openclip-train", openclip_shards, workers, tmp_path, old=True,
+    ours = _run(runner, "wds_async", "openclip-train", openclip_shards, workers, tmp_path, nsamples=nsamples)
+    reference = _run(runner, "webdataset", "openclip-train", openclip_shards, workers, tmp_path, old=True,
                      nsamples=nsamples)
     for mine, theirs in zip(_keys(ours), _keys(reference), strict=True):
         assert Counter(mine) == Counter(theirs) and len(mine) == nsamples
@@ -175,10 +216,10 @@ def test_open_clip_shuffled_training_epochs_hold_the_same_samples(venv_python: P
 
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("case", ["timm-train", "timm-eval"])
-def test_timm_reader_wds_delivers_what_webdataset_does(venv_python: Path, timm_root: str, case: str, workers: int,
+def test_timm_reader_wds_delivers_what_webdataset_does(runner: WarmLauncher | _Cold, timm_root: str, case: str, workers: int,
                                                         tmp_path: Path) -> None:
-    ours = _run(venv_python, "wds_async", case, timm_root, workers, tmp_path)
-    reference = _run(venv_python, "webdataset", case, timm_root, workers, tmp_path)
+    ours = _run(runner, "wds_async", case, timm_root, workers, tmp_path)
+    reference = _run(runner, "webdataset", case, timm_root, workers, tmp_path)
     assert ours["epochs"] == reference["epochs"]
     assert all(epoch for epoch in ours["epochs"])
     if case == "timm-eval":  # the validation split (read from _info.json through wds.gopen), each sample once
@@ -186,8 +227,10 @@ def test_timm_reader_wds_delivers_what_webdataset_does(venv_python: Path, timm_r
         assert all(sorted(labels) == expected for labels in _keys(ours))
 
 
-def test_the_venv_runs_the_packages_it_was_built_for(venv_python: Path) -> None:
-    probe = ("import importlib.metadata as m, torchvision;"
-             "print(m.version('timm'), m.version('open-clip-torch'), m.version('webdataset'))")
-    out = subprocess.run([str(venv_python), "-c", probe], capture_output=True, text=True, check=True).stdout
-    assert re.fullmatch(r"1\.0\.29 3\.3\.0 1\.0\.2\s*", out), out
+def test_the_venv_runs_the_packages_it_was_built_for(runner: WarmLauncher | _Cold, tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("import importlib.metadata as m, torchvision\n"
+                     "print(m.version('timm'), m.version('open-clip-torch'), m.version('webdataset'))\n")
+    done = runner.run(str(probe), [], _env([]), tmp_path / "runs", timeout=120, quick_exit=True)
+    assert done.returncode == 0, done.stderr
+    assert re.fullmatch(r"1\.0\.29 3\.3\.0 1\.0\.2\s*", done.stdout), done.stdout

@@ -1,7 +1,8 @@
 """Runs open_clip's or timm's webdataset data path, unchanged, and writes what it delivered as JSON.
 
 Not a test module: ``test_thirdparty.py`` runs it in the third-party venv, once per library, as
-``python thirdparty_runner.py LIB CASE SHARD_DIR WORKERS OUT.json``. ``LIB`` is ``webdataset`` (whatever
+``python thirdparty_runner.py LIB CASE SHARD_DIR WORKERS OUT.json`` would (forked from a warm launcher,
+``tests/warm.py``, that imported torch and torchvision before). ``LIB`` is ``webdataset`` (whatever
 ``import webdataset`` finds on the path: 1.0.2 in the venv, or 0.2.86 when the caller puts it first on
 ``PYTHONPATH``) or ``wds_async`` (``wds_async.install_as_webdataset()`` before open_clip or timm is imported).
 

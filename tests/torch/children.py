@@ -5,7 +5,7 @@ logged and checkpointed.
 A child writes one JSON line per step (``{"step": n, ...}``) to ``cfg["log"]`` and checkpoints
 ``{"step": n, "loader": ...}`` to ``cfg["ckpt"]`` with ``torch.save``.
 
-:func:`run_child` forks each child from a warm launcher (``warm.py``: a process that made the imports once), which
+:func:`run_child` forks each child from a warm launcher (``tests/warm.py``: a process that made the imports once), which
 took the resume tests from 114 s to 46 s; ``WDS_TEST_COLD_CHILDREN=1`` starts every child from nothing instead.
 """
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -26,6 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psutil
+
+from tests.warm import WarmLauncher
 
 if TYPE_CHECKING:
     from typing import Self
@@ -39,7 +40,7 @@ def run_child(child: str, cfg: dict[str, Any], env: dict[str, str] | None = None
     ``settle`` seconds more, for a child that pauses in that step until its checkpoint is written). Returns 0, or
     -9 when killed; a child that fails or runs past 90 s fails the test (and is killed).
 
-    The child is forked from one of the module's :class:`WarmLauncher` s where they run (its imports already
+    The child is forked from one of the module's warm launchers (``tests/warm.py``) where they run (its imports already
     made: 1.5-2 s of CPU less per child), else started from nothing; either way in a session of its own, with the
     same environment, whose ``TMPDIR`` is :func:`child_tmpdir`."""
     full_env = {**os.environ, **CHILD_ENV, "TMPDIR": child_tmpdir(), **(env or {})}
@@ -85,73 +86,14 @@ def _wait(ended: Callable[[], int | None], timeout: float) -> int | None:
     return status
 
 
-class WarmLauncher:
-    """``tests/torch/warm.py`` as a subprocess: children forked from a process that imported torch, torchdata and
-    wds_async once (see that module), one at a time, with the string hash seed ``hash_seed``."""
+#: What the resume tests' launchers import once: torch, torchdata and wds_async (with its lazily imported names).
+WARM_MODULES = ("torch", "torchdata.stateful_dataloader", "wds_async", "wds_async.data.dataset")
 
-    SCRIPT = str(Path(__file__).with_name("warm.py"))
 
-    def __init__(self, hash_seed: int) -> None:
-        env = {**os.environ, **CHILD_ENV, "PYTHONHASHSEED": str(hash_seed)}
-        self.proc = subprocess.Popen([sys.executable, self.SCRIPT], env=env, cwd=REPO, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, bufsize=0)
-        self._pending = b""  # what was read of the answers and not yet taken (the status can come with the pid)
-        self.refused: str | None = None
-        answer = self._answer(120)
-        if answer is None or "ready" not in answer:
-            self.refused = str(answer.get("refused") if answer else "no answer")
-            self.close()
-        self._status: int | None = None
-
-    def _answer(self, timeout: float) -> dict[str, Any] | None:
-        """The launcher's next answer line, waiting up to ``timeout`` for it (None: none yet, or it has gone)."""
-        assert self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self._pending:
-            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-            if not ready:
-                return None
-            more = os.read(fd, 4096)
-            if not more:
-                return None
-            self._pending += more
-        line, self._pending = self._pending.split(b"\n", 1)
-        return json.loads(line)  # type: ignore[no-any-return]
-
-    def start(self, script: str, argv: list[str], env: dict[str, str], stderr: str) -> int:
-        """Fork a child running ``script`` (as ``__main__``) with ``argv`` and ``env``; its pid."""
-        self.send({"script": script, "argv": argv, "env": env, "stderr": stderr})
-        answer = self._answer(30)
-        assert answer is not None and "pid" in answer, f"the warm launcher did not start a child: {answer}"
-        self._status = None
-        return int(answer["pid"])
-
-    def send(self, request: dict[str, Any]) -> None:
-        """Write one request line (whole: a pipe may take a large environment in several writes)."""
-        assert self.proc.stdin is not None
-        data = memoryview((json.dumps(request) + "\n").encode())
-        while data:
-            data = data[os.write(self.proc.stdin.fileno(), data):]
-
-    def ended(self) -> int | None:
-        """The exit code of the last child (``-9``: killed), or None while it runs."""
-        if self._status is None:
-            answer = self._answer(0)
-            if answer is not None:
-                self._status = int(answer["status"])
-        return self._status
-
-    def close(self) -> None:
-        if self.proc.stdin is not None and not self.proc.stdin.closed:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+def _launcher(hash_seed: int) -> WarmLauncher:
+    """A warm launcher (``tests/warm.py``) for this module's children, with the string hash seed ``hash_seed``."""
+    env = {**os.environ, **CHILD_ENV, "PYTHONHASHSEED": str(hash_seed)}
+    return WarmLauncher(sys.executable, WARM_MODULES, env, cwd=REPO)
 
 
 #: The module's two launchers, started at its first child: [] before, [None] where one refused.
@@ -172,7 +114,7 @@ def _warm() -> WarmLauncher | None:
     if not _launchers:
         first = int.from_bytes(os.urandom(4), "big") % (2**32 - 1) + 1  # not the global random: tests seed it
         seeds = (first, first % (2**32 - 1) + 1)  # two different seeds in 1 .. 2**32 - 1
-        started = [WarmLauncher(seed) for seed in seeds]
+        started = [_launcher(seed) for seed in seeds]
         refused = [launcher.refused for launcher in started if launcher.refused]
         if refused:
             _refused[:] = refused[:1]
