@@ -1,7 +1,9 @@
 """``wds_async.install_as_webdataset()``: webdataset's modules and names resolve to wds-async's shim.
 
 Each test that installs the shim runs in a fresh interpreter (it changes ``sys.modules`` and ``sys.meta_path``
-for the rest of the process), with this checkout first on the path.
+for the rest of the process), with this checkout on the path: forked from a warm launcher that imported torch
+and nothing of wds-async or webdataset (``tests/warm.py``; the file took 95 s with each interpreter started from
+nothing).
 """
 
 from __future__ import annotations
@@ -9,21 +11,60 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.warm import WarmLauncher
 from wds_async.compat._install import MODULES, NOT_PROVIDED
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+#: Each fresh interpreter's environment: this checkout importable, and one thread for OpenMP and OpenBLAS (numpy's
+#: pool would otherwise start with torch's import, and the warm launcher forks only from a process of one thread).
+_ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+
+#: The module's warm launcher (``tests/warm.py``: torch imported once, 1.5-2.5 s of CPU per interpreter, each test's
+#: interpreter forked from it with nothing of wds-async or webdataset imported): [] before the first, [None] where
+#: it refused to start, and each interpreter then starts from nothing.
+_launcher: list[WarmLauncher | None] = []
+_scripts: list[Path] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_launcher() -> Iterator[None]:
+    yield
+    for launcher in _launcher:
+        if launcher is not None:
+            launcher.close()
+    _launcher.clear()
+    for folder in _scripts:
+        shutil.rmtree(folder, ignore_errors=True)
+    _scripts.clear()
+
+
 def _python(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, cwd=ROOT,
-                          timeout=120, stdin=subprocess.DEVNULL)
+    """``code`` run as a script in a fresh interpreter (forked from the warm launcher where it runs), from ``ROOT``."""
+    if not _launcher:
+        launcher = WarmLauncher(sys.executable, ["torch"], _ENV, cwd=str(ROOT))
+        _launcher.append(None if launcher.refused else launcher)
+        _scripts.append(Path(tempfile.mkdtemp(prefix="wds-install-")))
+    folder = _scripts[0]
+    script = Path(tempfile.mkstemp(".py", dir=folder)[1])
+    script.write_text(textwrap.dedent(code))
+    launcher = _launcher[0]
+    if launcher is None:
+        return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=ROOT, env=_ENV,
+                              timeout=120, stdin=subprocess.DEVNULL)
+    return launcher.run(str(script), [], _ENV, folder, timeout=120, quick_exit=True)
 
 
 def _ok(code: str) -> str:
