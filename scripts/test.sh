@@ -5,7 +5,8 @@
 # file's servers and launchers start once): part of its time waits on sockets, servers and child processes, and
 # the extra process fills it (2 cores: 615 s in 2 processes, 516 s in 3 at 193% CPU). The CPUs are the ones
 # this process may run on (a container's cpuset; a CPU quota does not show). `-n 0` among the arguments runs it
-# in this process alone.
+# in this process alone. The longest files start first (tests/conftest.py, LONGEST_FIRST), so that none of them is
+# left to run on alone at the end; `--no-loadscope-reorder` keeps that order.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh dev
@@ -13,4 +14,4 @@ count='import os
 cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
 print(min(4, len(cpus) + 1))'
 procs=$(.venv/bin/python -c "$count")
-exec .venv/bin/python -m pytest --numprocesses "$procs" --dist loadfile "$@"
+exec .venv/bin/python -m pytest --numprocesses "$procs" --dist loadfile --no-loadscope-reorder "$@"
