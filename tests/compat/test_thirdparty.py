@@ -216,7 +216,8 @@ def test_open_clip_shuffled_training_epochs_hold_the_same_samples(runner: WarmLa
 
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("case", ["timm-train", "timm-eval"])
-def test_timm_reader_wds_delivers_what_webdataset_does(runner: WarmLauncher | _Cold, timm_root: str, case: str, workers: int,
+def test_timm_reader_wds_delivers_what_webdataset_does(runner: WarmLauncher | _Cold, timm_root: str, case: str,
+                                                        workers: int,
                                                         tmp_path: Path) -> None:
     ours = _run(runner, "wds_async", case, timm_root, workers, tmp_path)
     reference = _run(runner, "webdataset", case, timm_root, workers, tmp_path)

@@ -1,6 +1,7 @@
 """``WarmLauncher.run`` (``tests/warm.py``), as the third-party tests run their script: each run behaves as
 ``python SCRIPT ARGS`` under ``subprocess.run(capture_output=True)`` would, and no run sees another's state. (The
-resume tests' use of the same launcher, started and killed by the test, is tested in ``tests/torch/test_children.py``.)"""
+resume tests' use of the same launcher, children started and killed by the test, is tested in
+``tests/torch/test_children.py``.)"""
 
 from __future__ import annotations
 

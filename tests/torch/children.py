@@ -5,8 +5,8 @@ logged and checkpointed.
 A child writes one JSON line per step (``{"step": n, ...}``) to ``cfg["log"]`` and checkpoints
 ``{"step": n, "loader": ...}`` to ``cfg["ckpt"]`` with ``torch.save``.
 
-:func:`run_child` forks each child from a warm launcher (``tests/warm.py``: a process that made the imports once), which
-took the resume tests from 114 s to 46 s; ``WDS_TEST_COLD_CHILDREN=1`` starts every child from nothing instead.
+:func:`run_child` forks each child from a warm launcher (``tests/warm.py``: a process that made the imports once),
+which took the resume tests from 114 s to 46 s; ``WDS_TEST_COLD_CHILDREN=1`` starts every child from nothing instead.
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ def run_child(child: str, cfg: dict[str, Any], env: dict[str, str] | None = None
     ``settle`` seconds more, for a child that pauses in that step until its checkpoint is written). Returns 0, or
     -9 when killed; a child that fails or runs past 90 s fails the test (and is killed).
 
-    The child is forked from one of the module's warm launchers (``tests/warm.py``) where they run (its imports already
-    made: 1.5-2 s of CPU less per child), else started from nothing; either way in a session of its own, with the
-    same environment, whose ``TMPDIR`` is :func:`child_tmpdir`."""
+    The child is forked from one of the module's warm launchers (``tests/warm.py``) where they run (its imports
+    already made: 1.5-2 s of CPU less per child), else started from nothing; either way in a session of its own,
+    with the same environment, whose ``TMPDIR`` is :func:`child_tmpdir`."""
     full_env = {**os.environ, **CHILD_ENV, "TMPDIR": child_tmpdir(), **(env or {})}
     errors = cfg["log"] + ".stderr"
     launcher = _warm()
