@@ -127,9 +127,11 @@ class WarmLauncher:
         output kept in ``folder``; a run past ``timeout`` seconds is killed (its process group) and raises
         ``subprocess.TimeoutExpired``. ``quick_exit`` as for :meth:`start`."""
         folder.mkdir(parents=True, exist_ok=True)
-        out, err = tempfile.mkstemp(".out", dir=folder)[1], tempfile.mkstemp(".err", dir=folder)[1]
+        out, err = (self._file(folder, suffix) for suffix in (".out", ".err"))
         pid = self.start(script, argv, env, err, stdout=out, quick_exit=quick_exit)
         answer = self._answer(timeout)
+        if answer is None and self.proc.poll() is not None:
+            raise RuntimeError(f"the warm launcher ended (exit status {self.proc.returncode}) while running {script}")
         if answer is None:
             try:
                 os.killpg(pid, signal.SIGKILL)
@@ -140,6 +142,12 @@ class WarmLauncher:
         self._status = int(answer["status"])
         return subprocess.CompletedProcess([script, *argv], self._status, Path(out).read_text(errors="replace"),
                                            Path(err).read_text(errors="replace"))
+
+    @staticmethod
+    def _file(folder: Path, suffix: str) -> str:
+        fd, path = tempfile.mkstemp(suffix, dir=folder)
+        os.close(fd)
+        return path
 
     def close(self) -> None:
         if self.proc.stdin is not None and not self.proc.stdin.closed:

@@ -58,13 +58,14 @@ def _python(code: str) -> subprocess.CompletedProcess[str]:
         _launcher.append(None if launcher.refused else launcher)
         _scripts.append(Path(tempfile.mkdtemp(prefix="wds-install-")))
     folder = _scripts[0]
-    script = Path(tempfile.mkstemp(".py", dir=folder)[1])
-    script.write_text(textwrap.dedent(code))
+    fd, name = tempfile.mkstemp(".py", dir=folder)
+    with os.fdopen(fd, "w") as script:
+        script.write(textwrap.dedent(code))
     launcher = _launcher[0]
     if launcher is None:
-        return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=ROOT, env=_ENV,
+        return subprocess.run([sys.executable, name], capture_output=True, text=True, cwd=ROOT, env=_ENV,
                               timeout=120, stdin=subprocess.DEVNULL)
-    return launcher.run(str(script), [], _ENV, folder, timeout=120, quick_exit=True)
+    return launcher.run(name, [], _ENV, folder, timeout=120, quick_exit=True)
 
 
 def _ok(code: str) -> str:
