@@ -39,6 +39,7 @@ import json
 import os
 import runpy
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -159,6 +160,18 @@ class WarmLauncher:
             self.proc.wait(10)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+
+
+def close_launchers(launchers: list[WarmLauncher | None], folders: list[Any]) -> None:
+    """Stop the ``launchers`` a module started (None: one that refused) and remove its temporary ``folders``;
+    both lists are emptied, so the module's next test starts afresh."""
+    for launcher in launchers:
+        if launcher is not None:
+            launcher.close()
+    launchers.clear()
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+    folders.clear()
 
 
 # -- the launcher's side ----------------------------------------------------------------------------------------

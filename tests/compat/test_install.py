@@ -12,7 +12,6 @@ import ast
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.warm import WarmLauncher
+from tests.warm import WarmLauncher, close_launchers
 from wds_async.compat._install import MODULES, NOT_PROVIDED
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,13 +41,7 @@ _scripts: list[Path] = []
 @pytest.fixture(scope="module", autouse=True)
 def _close_launcher() -> Iterator[None]:
     yield
-    for launcher in _launcher:
-        if launcher is not None:
-            launcher.close()
-    _launcher.clear()
-    for folder in _scripts:
-        shutil.rmtree(folder, ignore_errors=True)
-    _scripts.clear()
+    close_launchers(_launcher, _scripts)
 
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from tests.warm import WarmLauncher
+from tests.warm import WarmLauncher, close_launchers
 
 if TYPE_CHECKING:
     from typing import Self
@@ -153,13 +152,7 @@ def child_tmpdir() -> str:
 def close_warm_launcher() -> None:
     """Stop the launchers the module's children were forked from and remove their temporary folder (the torch
     tests' conftest, after each module)."""
-    for launcher in _launchers:
-        if launcher is not None:
-            launcher.close()
-    _launchers.clear()
-    for folder in _tmpdir:
-        shutil.rmtree(folder, ignore_errors=True)
-    _tmpdir.clear()
+    close_launchers(_launchers, _tmpdir)
 
 
 class Launches:
