@@ -162,6 +162,23 @@ class WarmLauncher:
             self.proc.stdout.close()
 
 
+class ColdRunner:
+    """:meth:`WarmLauncher.run`'s call with each run started from nothing (``python SCRIPT ARGV`` in ``cwd``): what a
+    caller runs with where a launcher refused to start. ``folder`` and ``quick_exit`` are accepted and unused."""
+
+    def __init__(self, python: str | os.PathLike[str], cwd: str | os.PathLike[str] | None = None) -> None:
+        self.python, self.cwd = python, cwd
+
+    def run(self, script: str, argv: Sequence[str], env: Mapping[str, str], folder: Path, timeout: float, *,
+            quick_exit: bool = False) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(self.python), script, *argv], env=dict(env), cwd=self.cwd, capture_output=True,
+                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+#: What runs a script: forked from a launcher, or started from nothing.
+Runner = WarmLauncher | ColdRunner
+
+
 def close_launchers(launchers: list[WarmLauncher | None], folders: list[Any]) -> None:
     """Stop the ``launchers`` a module started (None: one that refused) and remove its temporary ``folders``;
     both lists are emptied, so the module's next test starts afresh."""

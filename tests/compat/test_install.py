@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.warm import WarmLauncher, close_launchers
+from tests.warm import ColdRunner, WarmLauncher, close_launchers
 from wds_async.compat._install import MODULES, NOT_PROVIDED
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,11 +54,8 @@ def _python(code: str) -> subprocess.CompletedProcess[str]:
     fd, name = tempfile.mkstemp(".py", dir=folder)
     with os.fdopen(fd, "w") as script:
         script.write(textwrap.dedent(code))
-    launcher = _launcher[0]
-    if launcher is None:
-        return subprocess.run([sys.executable, name], capture_output=True, text=True, cwd=ROOT, env=_ENV,
-                              timeout=120, stdin=subprocess.DEVNULL)
-    return launcher.run(name, [], _ENV, folder, timeout=120, quick_exit=True)
+    runner = _launcher[0] or ColdRunner(sys.executable, cwd=ROOT)
+    return runner.run(name, [], _ENV, folder, timeout=120, quick_exit=True)
 
 
 def _ok(code: str) -> str:

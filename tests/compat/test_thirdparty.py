@@ -27,7 +27,6 @@ import io
 import json
 import os
 import re
-import subprocess
 import tarfile
 from collections import Counter
 from collections.abc import Iterator
@@ -36,7 +35,7 @@ from typing import Any
 
 import pytest
 
-from tests.warm import WarmLauncher
+from tests.warm import ColdRunner, Runner, WarmLauncher
 from wds_async.cli.bench.peers._venv import VenvError, ensure_venv, peers_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -87,24 +86,13 @@ def _env(paths: list[str]) -> dict[str, str]:
     return env
 
 
-class _Cold:
-    """Each run started from nothing, where the warm launcher refused to start (see ``tests/warm.py``)."""
-
-    def __init__(self, python: Path) -> None:
-        self.python = python
-
-    def run(self, script: str, argv: list[str], env: dict[str, str], folder: Path, timeout: float,
-            quick_exit: bool = False) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(self.python), script, *argv], env=env, capture_output=True, text=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL)
-
-
 @pytest.fixture(scope="session")
-def runner(venv_python: Path) -> Iterator[WarmLauncher | _Cold]:
-    """The venv's interpreter with torch and its company imported, forking a fresh child for every run."""
+def runner(venv_python: Path) -> Iterator[Runner]:
+    """The venv's interpreter with torch and its company imported, forking a fresh child for every run (each run
+    started from nothing where the launcher refused to start)."""
     launcher = WarmLauncher(venv_python, PRELOAD, _env([]), timeout=600)
     if launcher.refused:
-        yield _Cold(venv_python)
+        yield ColdRunner(venv_python)
         return
     try:
         yield launcher
@@ -164,8 +152,8 @@ def timm_root(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(root)
 
 
-def _run(runner: WarmLauncher | _Cold, lib: str, case: str, data: str, workers: int, tmp_path: Path, *,
-         old: bool = False, nsamples: int = 0) -> dict[str, Any]:
+def _run(runner: Runner, lib: str, case: str, data: str, workers: int, tmp_path: Path, *, old: bool = False,
+         nsamples: int = 0) -> dict[str, Any]:
     out = tmp_path / f"{case}-{lib}-{'old' if old else 'new'}-{workers}.json"
     env = _env([str(_old_webdataset_dir())] if old else [])
     argv = [lib, case, data, str(workers), str(out), "--nsamples", str(nsamples)]
@@ -184,8 +172,8 @@ def _keys(result: dict[str, Any]) -> list[list[str]]:
 
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("case", ["openclip-train-ordered", "openclip-resampled", "openclip-eval"])
-def test_open_clip_get_wds_dataset_delivers_what_webdataset_does(runner: WarmLauncher | _Cold, openclip_shards: str,
-                                                                  case: str, workers: int, tmp_path: Path) -> None:
+def test_open_clip_get_wds_dataset_delivers_what_webdataset_does(runner: Runner, openclip_shards: str, case: str,
+                                                                  workers: int, tmp_path: Path) -> None:
     nsamples = SHARDS * PER_SHARD
     ours = _run(runner, "wds_async", case, openclip_shards, workers, tmp_path, nsamples=nsamples)
     reference = _run(runner, "webdataset", case, openclip_shards, workers, tmp_path, old=True, nsamples=nsamples)
@@ -202,7 +190,7 @@ def test_open_clip_get_wds_dataset_delivers_what_webdataset_does(runner: WarmLau
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_open_clip_shuffled_training_epochs_hold_the_same_samples(runner: WarmLauncher | _Cold, openclip_shards: str,
+def test_open_clip_shuffled_training_epochs_hold_the_same_samples(runner: Runner, openclip_shards: str,
                                                                    workers: int, tmp_path: Path) -> None:
     nsamples = SHARDS * PER_SHARD
     ours = _run(runner, "wds_async", "openclip-train", openclip_shards, workers, tmp_path, nsamples=nsamples)
@@ -216,8 +204,7 @@ def test_open_clip_shuffled_training_epochs_hold_the_same_samples(runner: WarmLa
 
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("case", ["timm-train", "timm-eval"])
-def test_timm_reader_wds_delivers_what_webdataset_does(runner: WarmLauncher | _Cold, timm_root: str, case: str,
-                                                        workers: int,
+def test_timm_reader_wds_delivers_what_webdataset_does(runner: Runner, timm_root: str, case: str, workers: int,
                                                         tmp_path: Path) -> None:
     ours = _run(runner, "wds_async", case, timm_root, workers, tmp_path)
     reference = _run(runner, "webdataset", case, timm_root, workers, tmp_path)
@@ -228,7 +215,7 @@ def test_timm_reader_wds_delivers_what_webdataset_does(runner: WarmLauncher | _C
         assert all(sorted(labels) == expected for labels in _keys(ours))
 
 
-def test_the_venv_runs_the_packages_it_was_built_for(runner: WarmLauncher | _Cold, tmp_path: Path) -> None:
+def test_the_venv_runs_the_packages_it_was_built_for(runner: Runner, tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
     probe.write_text("import importlib.metadata as m, torchvision\n"
                      "print(m.version('timm'), m.version('open-clip-torch'), m.version('webdataset'))\n")

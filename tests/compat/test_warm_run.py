@@ -1,5 +1,6 @@
 """``WarmLauncher.run`` (``tests/warm.py``), as the third-party tests run their script: each run behaves as
-``python SCRIPT ARGS`` under ``subprocess.run(capture_output=True)`` would, and no run sees another's state. (The
+``python SCRIPT ARGS`` under ``subprocess.run(capture_output=True)`` would, and no run sees another's state; and
+``ColdRunner.run``, the same call where a launcher refused to start, passes the same checks. (The
 resume tests' use of the same launcher, children started and killed by the test, is tested in
 ``tests/torch/test_children.py``.)"""
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.warm import WarmLauncher
+from tests.warm import ColdRunner, Runner, WarmLauncher
 
 SCRIPT = textwrap.dedent("""
     import json, os, sys
@@ -36,11 +37,19 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.fixture
-def server() -> Iterator[WarmLauncher]:
+def _launcher() -> WarmLauncher:
     launcher = WarmLauncher(sys.executable, ["email.message"], {**os.environ, "PYTHONHASHSEED": "7"})
     if launcher.refused:
         pytest.skip(f"the warm launcher refused to start here ({launcher.refused})")
+    return launcher
+
+
+@pytest.fixture(params=["warm", "cold"])
+def server(request: pytest.FixtureRequest) -> Iterator[Runner]:
+    if request.param == "cold":
+        yield ColdRunner(sys.executable)
+        return
+    launcher = _launcher()
     try:
         yield launcher
     finally:
@@ -52,7 +61,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("quick", [False, True])
-def test_a_run_is_the_script_as_python_would_run_it(server: WarmLauncher, tmp_path: Path, quick: bool) -> None:
+def test_a_run_is_the_script_as_python_would_run_it(server: Runner, tmp_path: Path, quick: bool) -> None:
     import json
 
     script = tmp_path / "script.py"
@@ -77,7 +86,7 @@ def test_a_run_is_the_script_as_python_would_run_it(server: WarmLauncher, tmp_pa
 
 
 @pytest.mark.parametrize("quick", [False, True])
-def test_exit_codes_errors_and_timeouts_come_back(server: WarmLauncher, tmp_path: Path, quick: bool) -> None:
+def test_exit_codes_errors_and_timeouts_come_back(server: Runner, tmp_path: Path, quick: bool) -> None:
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
     runs = tmp_path / "runs"
@@ -89,6 +98,10 @@ def test_exit_codes_errors_and_timeouts_come_back(server: WarmLauncher, tmp_path
     assert server.run(str(script), ["d"], _env(), runs, timeout=60).returncode == 0  # the launcher goes on
 
 
-def test_a_run_with_another_hash_seed_is_refused(server: WarmLauncher, tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="PYTHONHASHSEED"):
-        server.run(str(tmp_path / "script.py"), [], {**os.environ, "PYTHONHASHSEED": "0"}, tmp_path, timeout=60)
+def test_a_run_with_another_hash_seed_is_refused(tmp_path: Path) -> None:
+    launcher = _launcher()
+    try:
+        with pytest.raises(ValueError, match="PYTHONHASHSEED"):
+            launcher.run(str(tmp_path / "script.py"), [], {**os.environ, "PYTHONHASHSEED": "0"}, tmp_path, timeout=60)
+    finally:
+        launcher.close()
