@@ -174,14 +174,25 @@ class ColdRunner:
         return subprocess.run([str(self.python), script, *argv], env=dict(env), cwd=self.cwd, capture_output=True,
                               text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
+    def close(self) -> None:
+        """Nothing to stop (as :meth:`WarmLauncher.close`, so a caller closes whichever runner it got)."""
+
 
 #: What runs a script: forked from a launcher, or started from nothing.
 Runner = WarmLauncher | ColdRunner
 
 
-def close_launchers(launchers: list[WarmLauncher | None], folders: list[Any]) -> None:
-    """Stop the ``launchers`` a module started (None: one that refused) and remove its temporary ``folders``;
-    both lists are emptied, so the module's next test starts afresh."""
+def warm_runner(python: str | os.PathLike[str], modules: Sequence[str], env: Mapping[str, str],
+                cwd: str | None = None, *, timeout: float = 120) -> Runner:
+    """A :class:`WarmLauncher` that imported ``modules``, or, where it refused to start, a :class:`ColdRunner` of
+    the same interpreter and folder: the runner a caller uses either way, and closes when done."""
+    launcher = WarmLauncher(python, modules, env, cwd, timeout=timeout)
+    return ColdRunner(python, cwd) if launcher.refused else launcher
+
+
+def close_launchers(launchers: list[Any], folders: list[Any]) -> None:
+    """Stop the runners in ``launchers`` a module started (None: a launcher that refused) and remove its temporary
+    ``folders``; both lists are emptied, so the module's next test starts afresh."""
     for launcher in launchers:
         if launcher is not None:
             launcher.close()

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.warm import ColdRunner, WarmLauncher, close_launchers
+from tests.warm import Runner, close_launchers, warm_runner
 from wds_async.compat._install import MODULES, NOT_PROVIDED
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,30 +31,28 @@ ROOT = Path(__file__).resolve().parents[2]
 #: pool would otherwise start with torch's import, and the warm launcher forks only from a process of one thread).
 _ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
-#: The module's warm launcher (``tests/warm.py``: torch imported once, 1.5-2.5 s of CPU per interpreter, each test's
-#: interpreter forked from it with nothing of wds-async or webdataset imported): [] before the first, [None] where
-#: it refused to start, and each interpreter then starts from nothing.
-_launcher: list[WarmLauncher | None] = []
+#: The module's runner (``tests/warm.py``): a warm launcher that imported torch once (1.5-2.5 s of CPU per
+#: interpreter), each test's interpreter forked from it with nothing of wds-async or webdataset imported, or where it
+#: refused to start, each interpreter started from nothing. [] before the first test.
+_runner: list[Runner] = []
 _scripts: list[Path] = []
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _close_launcher() -> Iterator[None]:
     yield
-    close_launchers(_launcher, _scripts)
+    close_launchers(_runner, _scripts)
 
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:
     """``code`` run as a script in a fresh interpreter (forked from the warm launcher where it runs), from ``ROOT``."""
-    if not _launcher:
-        launcher = WarmLauncher(sys.executable, ["torch"], _ENV, cwd=str(ROOT))
-        _launcher.append(None if launcher.refused else launcher)
+    if not _runner:
+        _runner.append(warm_runner(sys.executable, ["torch"], _ENV, cwd=str(ROOT)))
         _scripts.append(Path(tempfile.mkdtemp(prefix="wds-install-")))
-    folder = _scripts[0]
+    runner, folder = _runner[0], _scripts[0]
     fd, name = tempfile.mkstemp(".py", dir=folder)
     with os.fdopen(fd, "w") as script:
         script.write(textwrap.dedent(code))
-    runner = _launcher[0] or ColdRunner(sys.executable, cwd=ROOT)
     return runner.run(name, [], _ENV, folder, timeout=120, quick_exit=True)
 
 

@@ -35,7 +35,7 @@ from typing import Any
 
 import pytest
 
-from tests.warm import ColdRunner, Runner, WarmLauncher
+from tests.warm import Runner, warm_runner
 from wds_async.cli.bench.peers._venv import VenvError, ensure_venv, peers_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -90,14 +90,11 @@ def _env(paths: list[str]) -> dict[str, str]:
 def runner(venv_python: Path) -> Iterator[Runner]:
     """The venv's interpreter with torch and its company imported, forking a fresh child for every run (each run
     started from nothing where the launcher refused to start)."""
-    launcher = WarmLauncher(venv_python, PRELOAD, _env([]), timeout=600)
-    if launcher.refused:
-        yield ColdRunner(venv_python)
-        return
+    runner = warm_runner(venv_python, PRELOAD, _env([]), timeout=600)
     try:
-        yield launcher
+        yield runner
     finally:
-        launcher.close()
+        runner.close()
 
 
 def _jpeg(value: int) -> bytes:

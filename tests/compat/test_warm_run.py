@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.warm import ColdRunner, Runner, WarmLauncher
+from tests.warm import ColdRunner, Runner, WarmLauncher, warm_runner
 
 SCRIPT = textwrap.dedent("""
     import json, os, sys
@@ -105,3 +105,30 @@ def test_a_run_with_another_hash_seed_is_refused(tmp_path: Path) -> None:
             launcher.run(str(tmp_path / "script.py"), [], {**os.environ, "PYTHONHASHSEED": "0"}, tmp_path, timeout=60)
     finally:
         launcher.close()
+
+
+def test_warm_runner_falls_back_to_starting_each_run_from_nothing(tmp_path: Path) -> None:
+    """A preloaded module that leaves a thread running makes the launcher refuse (a fork copies one thread only):
+    ``warm_runner`` then gives a :class:`ColdRunner`, whose runs work; a launcher that starts is what it gives
+    otherwise."""
+    (tmp_path / "threaded_import.py").write_text("import threading, time\n"
+                                                 "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n")
+    script = tmp_path / "hello.py"
+    script.write_text("print('hello')\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "PYTHONHASHSEED": "7"}
+    cold = warm_runner(sys.executable, ["threaded_import"], env)
+    try:
+        assert isinstance(cold, ColdRunner)
+        done = cold.run(str(script), [], env, tmp_path / "runs", timeout=60)
+        assert (done.returncode, done.stdout) == (0, "hello\n"), done.stderr
+    finally:
+        cold.close()
+    warm = warm_runner(sys.executable, ["email.message"], env)
+    try:
+        if isinstance(warm, ColdRunner):
+            pytest.skip("the warm launcher refused to start here")
+        assert isinstance(warm, WarmLauncher)
+        done = warm.run(str(script), [], env, tmp_path / "runs", timeout=60)
+        assert (done.returncode, done.stdout) == (0, "hello\n"), done.stderr
+    finally:
+        warm.close()
