@@ -3,6 +3,7 @@
     python benchmarks/cpu.py [--cases http,small,large] [--repeat 3] [--tree DIR ...]
     python -m benchmarks.cpu --cases http --client builtin --client aiohttp     # the two http clients, in turn
     python -m benchmarks.cpu --cases http --passes 8      # each phase reads the list 8 times: the long-run cost
+    python -m benchmarks.cpu --cases http --workers 2,4,8 # and through DataLoader workers, beside raw
 
 Three cases, each measured side by side in one run, every phase in a fresh subprocess so that its
 wall time, CPU time (user+system of the whole process, all threads) and byte count are its own:
@@ -25,6 +26,16 @@ two checkouts of wds_async: each tree is put first on ``PYTHONPATH`` of its phas
 of each phase is reported: highest MB/s, lowest CPU s/GB. Shards are generated once under ``--dir``.
 ``--client`` (repeatable) runs the http case's phases with that http client (``backend_options={"client": ...}``:
 ``builtin`` or ``aiohttp``), interleaved like trees; without it the backend's default is used.
+
+``--workers N,...`` adds to the http case one phase per N: ``DataLoader(ds.batched(64, collation_fn=None),
+batch_size=None, num_workers=N)``, the connections shared out (``ceil(connections / N)`` per worker, each worker an
+engine of its own), so that N loop threads parse in N processes. Batches of 64 samples cross from each worker to
+the main process pickled through the DataLoader's queue, as a pipeline that batches before the hand-over would.
+The phase's CPU is its own process's plus its workers' (reaped before it is read); its bytes are the shards' size,
+and its samples are counted in the main process, so a row whose samples differ from the loader's shows a loss.
+``--tensors`` adds, per N, ``dlt N``: the same, but each worker's collate packs a batch's member bytes into one
+``uint8`` tensor in shared memory (one copy, as torch's ``default_collate`` stacks a batch of tensors in a worker),
+so that only a file descriptor crosses the queue: the hand-over of a pipeline that decodes to tensors in its workers.
 """
 
 from __future__ import annotations
@@ -82,6 +93,45 @@ def _phase_loader(urls: list[str], connections: int, options: dict[str, Any]) ->
     return {"bytes": ds.stats()["bytes_read"], "samples": samples}
 
 
+def _keep(batch: Any) -> Any:
+    return batch  # the DataLoader's collate_fn: the batch as the pipeline made it (no conversion walk)
+
+
+def _pack(batch: list[Any]) -> tuple[Any, int]:
+    """The ``dlt`` phases' collate_fn: a batch's member bytes in one uint8 tensor in shared memory, and its size."""
+    import ctypes
+
+    import torch
+
+    values = [v for sample in batch for v in sample.values() if isinstance(v, bytes)]
+    out = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(sum(map(len, values))))
+    at = out.data_ptr()
+    for v in values:
+        ctypes.memmove(at, v, len(v))
+        at += len(v)
+    return out, len(batch)
+
+
+def _phase_dataloader(urls: list[str], connections: int, workers: int, tensors: bool,
+                      options: dict[str, Any]) -> dict[str, Any]:
+    import gc
+
+    from torch.utils.data import DataLoader
+
+    import wds_async
+
+    per_worker = -(-connections // workers)
+    ds = wds_async.WebDataset(urls, nodesplitter=None, max_connections=per_worker,
+                              backend_options=options or None).batched(64, collation_fn=None)
+    loader = DataLoader(ds, batch_size=None, num_workers=workers, collate_fn=_pack if tensors else _keep)
+    samples = 0
+    for batch in loader:
+        samples += batch[1] if tensors else len(batch)
+    del loader, batch
+    gc.collect()  # the iterator's workers are joined when it goes, so that RUSAGE_CHILDREN counts them
+    return {"bytes": None, "samples": samples}
+
+
 def _phase_webdataset(urls: list[str]) -> dict[str, Any]:
     import warnings
 
@@ -107,22 +157,29 @@ def phase_main(phase: str, urls: list[str], connections: int, client: str | None
 
     if phase == "webdataset":
         import webdataset  # type: ignore[import-untyped]  # noqa: F401
+    if phase.startswith("dl"):
+        import torch.utils.data  # noqa: F401
     import resource
 
     usage0 = resource.getrusage(resource.RUSAGE_SELF)
+    children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     options = {"client": client} if client else {}
     if phase == "raw":
         result = _phase_raw(urls, connections, options)
     elif phase == "wds-async":
         result = _phase_loader(urls, connections, options)
+    elif phase.startswith(("dl ", "dlt ")):
+        kind, n = phase.split()
+        result = _phase_dataloader(urls, connections, int(n), kind == "dlt", options)
     else:
         result = _phase_webdataset(urls)
     wall = time.perf_counter() - started
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    user, system = usage.ru_utime - usage0.ru_utime, usage.ru_stime - usage0.ru_stime
+    usage, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    user = usage.ru_utime - usage0.ru_utime + children.ru_utime - children0.ru_utime
+    system = usage.ru_stime - usage0.ru_stime + children.ru_stime - children0.ru_stime
     result.update(wall_s=wall, cpu_s=user + system, user_s=user, sys_s=system,
-                  minflt=usage.ru_minflt - usage0.ru_minflt)
+                  minflt=usage.ru_minflt - usage0.ru_minflt + children.ru_minflt - children0.ru_minflt)
     return result
 
 
@@ -137,7 +194,7 @@ def _label(variant: Variant) -> str:
     return str(tree)[-22:] if client is None else f"{str(tree)[-13:]}:{client}"[-22:]
 
 
-def _run(variant: Variant, phase: str, urls: list[str], connections: int) -> dict[str, Any]:
+def _run(variant: Variant, phase: str, urls: list[str], connections: int, total: int | None = None) -> dict[str, Any]:
     tree, client = variant
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree), env.get("PYTHONPATH")]))
@@ -147,6 +204,8 @@ def _run(variant: Variant, phase: str, urls: list[str], connections: int) -> dic
     if proc.returncode != 0:
         raise RuntimeError(f"phase {phase} ({tree}) failed:\n{proc.stderr[-3000:]}")
     row: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    if row["bytes"] is None:  # a DataLoader phase: the shards' bytes (its samples are checked against the loader's)
+        row["bytes"] = total
     row["mb_s"] = row["bytes"] / row["wall_s"] / 1e6
     gb = row["bytes"] / 1e9
     row["cpu_s_gb"] = row["cpu_s"] / gb
@@ -163,23 +222,22 @@ def _shards(base: Path, case: str) -> list[str]:
     return [str(p) for p in make_shards(base / case, n_shards=n, shard_bytes=shard_bytes, sample_bytes=sample_bytes)]
 
 
-def _measure(case: str, urls: list[str], variants: list[Variant], repeat: int, connections: int
-             ) -> dict[tuple[str, str], list[dict[str, Any]]]:
-    """Every phase of every variant, ``repeat`` rounds, interleaved (``urls``: the list already repeated)."""
-    phases = CASES[case][3]
+def _measure(case: str, urls: list[str], variants: list[Variant], repeat: int, connections: int,
+             phases: Sequence[str], total: int | None = None) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """Every phase of every variant, ``repeat`` rounds, interleaved (``urls``: the list already repeated;
+    ``total``: its bytes, for the phases that cannot count them)."""
     rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for _ in range(repeat):
         for variant in variants:
             for phase in phases:
                 # The local cases use the loader's defaults, as a user would; http names the connections.
                 conns = connections if case == "http" else 0
-                rows.setdefault((_label(variant), phase), []).append(_run(variant, phase, urls, conns))
+                rows.setdefault((_label(variant), phase), []).append(_run(variant, phase, urls, conns, total))
     return rows
 
 
 def _report(case: str, rows: dict[tuple[str, str], list[dict[str, Any]]], variants: list[Variant],
-            passes: int = 1) -> None:
-    phases = CASES[case][3]
+            phases: Sequence[str], passes: int = 1) -> None:
     n, shard_bytes, sample_bytes, _ = CASES[case]
     times = f", the list read {passes} times" if passes > 1 else ""
     print(f"\n[{case}] {n} shards x {shard_bytes >> 20} MiB, {sample_bytes >> 10} KiB samples{times} "
@@ -199,9 +257,15 @@ def _report(case: str, rows: dict[tuple[str, str], list[dict[str, Any]]], varian
                   f"{cheapest['user_s_gb']:>6.2f}{cheapest['sys_s_gb']:>6.2f}{cheapest['kflt_gb']:>8.1f}"
                   f"{b['samples'] if b['samples'] is not None else '-':>9}")
         other = next(phase for phase in phases if phase != "wds-async")
-        ours, theirs = best["wds-async"], best[other]
-        print(f"{'':<22}wds-async / {other}: {ours['mb_s'] / theirs['mb_s']:.2f}x MB/s (and samples/s), "
-              f"{ours['cpu_s_gb'] / theirs['cpu_s_gb']:.2f}x CPU s/GB")
+        theirs = best[other]
+        for phase in phases:
+            if phase == other:
+                continue
+            ours = best[phase]
+            print(f"{'':<22}{phase} / {other}: {ours['mb_s'] / theirs['mb_s']:.2f}x MB/s (and samples/s), "
+                  f"{ours['cpu_s_gb'] / theirs['cpu_s_gb']:.2f}x CPU s/GB")
+            if ours["samples"] != best["wds-async"]["samples"]:
+                print(f"{'':<22}{phase}: {ours['samples']} samples, the loader {best['wds-async']['samples']}: LOST")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -214,11 +278,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--passes", type=int, default=1, help="each phase reads the list this many times (default 1)")
     p.add_argument("--client", action="append", choices=("builtin", "aiohttp"),
                    help="the http case's http client (repeatable; default: the backend's own default)")
-    p.add_argument("--phase", choices=("raw", "wds-async", "webdataset"), help=argparse.SUPPRESS)
+    p.add_argument("--workers", default="", help="the http case also through DataLoader workers: N[,N...]")
+    p.add_argument("--tensors", action="store_true", help="with --workers: also hand batches over as shared tensors")
+    p.add_argument("--phase", help=argparse.SUPPRESS)
     p.add_argument("urls", nargs="*", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.passes < 1:
         p.error("--passes: at least 1")
+    try:
+        workers = [int(n) for n in args.workers.split(",") if n.strip()]
+    except ValueError:
+        p.error(f"--workers: numbers separated by commas, not {args.workers!r}")
+    if any(n < 1 for n in workers):
+        p.error("--workers: each at least 1 (0 workers is the loader's own row)")
     if args.phase:
         print(json.dumps(phase_main(args.phase, args.urls, args.connections, (args.client or [None])[0])))
         return 0
@@ -226,17 +298,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     clients: list[str | None] = list(args.client or [None])
     for case in args.cases.split(","):
         paths = _shards(args.dir, case)
+        phases = list(CASES[case][3])
         if case == "http":
             from emustore import Knobs, StoreProcess
 
+            phases += [f"{kind} {n}" for n in workers for kind in ("dl", "dlt")[:1 + args.tensors]]
+            total = sum(os.path.getsize(path) for path in paths) * args.passes
             with StoreProcess(args.dir / case, Knobs()) as store:
                 urls = [store.url(Path(path).name) for path in paths]
                 variants = [(tree, client) for tree in trees for client in clients]
-                rows = _measure(case, urls * args.passes, variants, args.repeat, args.connections)
+                rows = _measure(case, urls * args.passes, variants, args.repeat, args.connections, phases, total)
         else:
             variants = [(tree, None) for tree in trees]
-            rows = _measure(case, paths * args.passes, variants, args.repeat, args.connections)
-        _report(case, rows, variants, args.passes)
+            rows = _measure(case, paths * args.passes, variants, args.repeat, args.connections, phases)
+        _report(case, rows, variants, phases, args.passes)
     return 0
 
 

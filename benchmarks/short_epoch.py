@@ -18,6 +18,10 @@ epoch: a fresh engine, and memory the process has not touched yet), its imports 
   (a 256 MiB budget holds at most 204 open streams, and in shard-list order every shard but the first waits whole in
   the budget until the consumer reaches it);
 * ``fixed 128``: ``max_connections=128``.
+* ``N workers``: ``DataLoader(WebDataset(urls), batch_size=None, num_workers=N)`` with the library's defaults: N
+  processes, each an engine (autotuned from 32) over its share of the shards, each with a loop thread parsing its own
+  bytes, where a machine has the cores for them. The phase's wall time includes starting the workers; its CPU adds
+  theirs (reaped before it is read); its bytes are the shards' size, and its samples are checked against the list's.
 
 Then, as the second table, epochs through ``DataLoader(ds, batch_size=None, num_workers=2)`` over a list of 512 shards of
 64 KiB on the same store (each worker reads 256 requests that mostly wait for their first byte), four epochs per
@@ -60,6 +64,9 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "arrival order, start 128": {"deterministic": False, "config": {"start_connections": 128}},
     "512 MiB, start 256": {"max_buffered_bytes": 512 << 20, "config": {"start_connections": 256}},
     "fixed 128": {"max_connections": 128},
+    "2 workers": {"workers": 2},
+    "4 workers": {"workers": 4},
+    "8 workers": {"workers": 8},
 }
 
 
@@ -95,6 +102,9 @@ def _phase(urls: list[str], options: dict[str, Any]) -> dict[str, Any]:
         started, cpu0 = time.perf_counter(), time.process_time()
         total = asyncio.run(download())
         return {"wall_s": time.perf_counter() - started, "cpu_s": time.process_time() - cpu0, "bytes": total}
+    workers = options.pop("workers", None)
+    if workers is not None:
+        return _workers_phase(urls, workers)
     config = wds.EngineConfig(**options.pop("config", {}))
     ds = wds.WebDataset(urls, nodesplitter=None, workersplitter=None, config=config, **options)
     started, cpu0 = time.perf_counter(), time.process_time()
@@ -104,6 +114,31 @@ def _phase(urls: list[str], options: dict[str, Any]) -> dict[str, Any]:
     return {"wall_s": wall, "cpu_s": cpu, "bytes": s["bytes_read"], "samples": samples, "concurrency": s["concurrency"],
             "peak_buffered": s["peak_buffered_bytes"],
             "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10,
+            "library": str(Path(wds.__file__).resolve().parent.parent)}
+
+
+def _workers_phase(urls: list[str], workers: int) -> dict[str, Any]:
+    """One pass through a DataLoader with ``workers`` workers, the library's defaults in each."""
+    import gc
+    import resource
+    import time
+
+    from torch.utils.data import DataLoader
+
+    import wds_async as wds
+
+    ds = wds.WebDataset(urls, nodesplitter=None)
+    loader = DataLoader(ds, batch_size=None, num_workers=workers)
+    own0, children0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    samples = sum(1 for _ in loader)
+    wall = time.perf_counter() - started
+    del loader
+    gc.collect()  # the workers are joined when their iterator goes, so that RUSAGE_CHILDREN counts them
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = sum(getattr(b, f) - getattr(a, f) for a, b in ((own0, own), (children0, children))
+              for f in ("ru_utime", "ru_stime"))
+    return {"wall_s": wall, "cpu_s": cpu, "bytes": None, "samples": samples,
             "library": str(Path(wds.__file__).resolve().parent.parent)}
 
 
@@ -162,20 +197,27 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown settings {sorted(unknown)}; choose from {list(SETTINGS)}")
     chosen = {k: v for k, v in SETTINGS.items() if k == "raw 256" or not args.only or k in args.only}
     folder = Path(args.root) / f"{SHARDS}x{SHARD_BYTES}"
-    make_shards(folder, n_shards=SHARDS, shard_bytes=SHARD_BYTES, sample_bytes=SAMPLE_BYTES)
+    paths = make_shards(folder, n_shards=SHARDS, shard_bytes=SHARD_BYTES, sample_bytes=SAMPLE_BYTES)
     trees: list[str | None] = [None, *(str(Path(t).resolve()) for t in args.tree)]
     runs_of = [(name, options, tree) for name, options in chosen.items()
                for tree in (trees if name != "raw 256" else [None])]
     label = {(name, tree): name if tree is None else f"{name} @ {tree}" for name, _, tree in runs_of}
     rows: dict[str, list[dict[str, Any]]] = {label[name, tree]: [] for name, _, tree in runs_of}
+    total = sum(path.stat().st_size for path in paths)
     with StoreProcess(folder, KNOBS) as store:
         urls = [store.base_url + f"shard-{i:06d}.tar" for i in range(SHARDS)]
         print(f"{SHARDS} shards x {SHARD_BYTES >> 20} MiB, {KNOBS.ttfb * 1e3:.0f} ms to first byte, "
               f"{KNOBS.bw / 1e6:.0f} MB/s per connection; one pass, each phase a fresh process", flush=True)
         for _ in range(args.rounds):  # settings interleaved, so that a busy moment of the machine hits all of them
             for name, options, tree in runs_of:
-                rows[label[name, tree]].append(_run(urls, json.loads(json.dumps(options)), tree))
+                row = _run(urls, json.loads(json.dumps(options)), tree)
+                if row["bytes"] is None:  # a DataLoader phase: the shards' bytes, every sample checked below
+                    row["bytes"] = total
+                rows[label[name, tree]].append(row)
     raw_best = min(r["wall_s"] for r in rows["raw 256"])
+    counts = {r["samples"] for runs in rows.values() for r in runs if "samples" in r}
+    if len(counts) > 1:
+        raise RuntimeError(f"the settings delivered different numbers of samples: {sorted(counts)}")
     width = max(26, *(len(k) + 2 for k in rows))
     print(f"{'setting':<{width}}{'seconds per round':>22}{'best MB/s':>11}{'/ raw':>7}{'CPU s':>7}{'ends at':>9}"
           f"{'peak buffered':>15}{'peak RSS':>10}")
