@@ -22,6 +22,9 @@ epoch: a fresh engine, and memory the process has not touched yet), its imports 
   processes, each an engine (autotuned from 32) over its share of the shards, each with a loop thread parsing its own
   bytes, where a machine has the cores for them. The phase's wall time includes starting the workers; its CPU adds
   theirs (reaped before it is read); its bytes are the shards' size, and its samples are checked against the list's.
+* ``N workers, tensors``: the same over ``.batched(16, collation_fn=None)``, each batch's member bytes packed by the
+  worker's ``collate_fn`` into one shared-memory tensor (``benchmarks.cpu``'s ``dlt`` hand-over): what crosses to
+  the main process is a file descriptor, as for a pipeline that decodes to tensors in its workers.
 
 Then, as the second table, epochs through ``DataLoader(ds, batch_size=None, num_workers=2)`` over a list of 512 shards of
 64 KiB on the same store (each worker reads 256 requests that mostly wait for their first byte), four epochs per
@@ -67,6 +70,8 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "2 workers": {"workers": 2},
     "4 workers": {"workers": 4},
     "8 workers": {"workers": 8},
+    "4 workers, tensors": {"workers": 4, "tensors": True},
+    "8 workers, tensors": {"workers": 8, "tensors": True},
 }
 
 
@@ -104,7 +109,7 @@ def _phase(urls: list[str], options: dict[str, Any]) -> dict[str, Any]:
         return {"wall_s": time.perf_counter() - started, "cpu_s": time.process_time() - cpu0, "bytes": total}
     workers = options.pop("workers", None)
     if workers is not None:
-        return _workers_phase(urls, workers)
+        return _workers_phase(urls, workers, options.pop("tensors", False))
     config = wds.EngineConfig(**options.pop("config", {}))
     ds = wds.WebDataset(urls, nodesplitter=None, workersplitter=None, config=config, **options)
     started, cpu0 = time.perf_counter(), time.process_time()
@@ -117,8 +122,9 @@ def _phase(urls: list[str], options: dict[str, Any]) -> dict[str, Any]:
             "library": str(Path(wds.__file__).resolve().parent.parent)}
 
 
-def _workers_phase(urls: list[str], workers: int) -> dict[str, Any]:
-    """One pass through a DataLoader with ``workers`` workers, the library's defaults in each."""
+def _workers_phase(urls: list[str], workers: int, tensors: bool) -> dict[str, Any]:
+    """One pass through a DataLoader with ``workers`` workers, the library's defaults in each (``tensors``: batches
+    of 16 handed over as shared-memory tensors)."""
     import gc
     import resource
     import time
@@ -127,11 +133,16 @@ def _workers_phase(urls: list[str], workers: int) -> dict[str, Any]:
 
     import wds_async as wds
 
+    from benchmarks.cpu import _pack
+
     ds = wds.WebDataset(urls, nodesplitter=None)
-    loader = DataLoader(ds, batch_size=None, num_workers=workers)
+    if tensors:
+        loader = DataLoader(ds.batched(16, collation_fn=None), batch_size=None, num_workers=workers, collate_fn=_pack)
+    else:
+        loader = DataLoader(ds, batch_size=None, num_workers=workers)
     own0, children0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    samples = sum(1 for _ in loader)
+    samples = sum(batch[1] for batch in loader) if tensors else sum(1 for _ in loader)
     wall = time.perf_counter() - started
     del loader
     gc.collect()  # the workers are joined when their iterator goes, so that RUSAGE_CHILDREN counts them
