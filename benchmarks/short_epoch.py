@@ -132,7 +132,6 @@ def _workers_phase(urls: list[str], workers: int, tensors: bool) -> dict[str, An
     from torch.utils.data import DataLoader
 
     import wds_async as wds
-
     from benchmarks.cpu import _pack
 
     ds = wds.WebDataset(urls, nodesplitter=None)

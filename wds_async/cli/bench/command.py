@@ -34,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-buffered-bytes", type=_budget, default=None, help="loader byte budget")
     parser.add_argument("--faults", metavar="QUERY", help="extra loader run with this query appended to every URL "
                         "(emulated store knobs, e.g. 'drop_rate=0.05&fail_rate=0.05')")
+    parser.add_argument("--workers", type=positive, default=0, metavar="N",
+                        help="add a loader phase through DataLoader(num_workers=N), the connections shared out "
+                             "among the workers (needs torch)")
     parser.add_argument("--no-auto", dest="autotune", action="store_false",
                         help="skip the loader phase with max_connections='auto'")
     parser.add_argument("--peers", metavar="NAMES", help="also run these tools on the same shards, each with "
@@ -102,7 +105,7 @@ def command(args: argparse.Namespace) -> int:
                          max_buffered_bytes=args.max_buffered_bytes, faults=args.faults,
                          status=status if shown else None, autotune=args.autotune, peers=peers,
                          endpoint=args.endpoint, ca_file=os.path.abspath(args.ca_file) if args.ca_file else None,
-                         peer_status=peer_status if shown else None)
+                         peer_status=peer_status if shown else None, workers=args.workers)
     if peers:
         from .peers._report import format_peers_table, plot_peers
 
@@ -124,6 +127,11 @@ def command(args: argparse.Namespace) -> int:
 
 def _check_options(args: argparse.Namespace) -> str | None:
     """What is wrong with the options, before any URL is looked at; None when nothing."""
+    if args.workers:
+        from ...data._torch import HAVE_TORCH
+
+        if not HAVE_TORCH:
+            return "--workers runs a torch DataLoader, and torch is not installed: pip install 'wds-async[torch]'"
     if args.ca_file and not os.path.isfile(args.ca_file):
         return f"--ca-file {args.ca_file}: no such file"
     for option, path in (("--json", args.json), ("--plot", args.plot)):

@@ -165,6 +165,41 @@ def _phase_loader(urls: list[str], connections: int | str, max_buffered_bytes: i
     return _finish(result, started, cpu0, baseline)
 
 
+def _phase_workers(urls: list[str], connections: int, workers: int, max_buffered_bytes: int | None,
+                   reporter: _Reporter) -> dict[str, Any]:
+    """The loader through ``DataLoader(ds, batch_size=None, num_workers=workers)``: each worker an engine over its
+    share of the shards with ``ceil(connections / workers)`` connections (the same total as the other phases), its
+    samples pickled to this process through the DataLoader's queue. CPU adds the workers' (joined when the pass
+    ends, so ``RUSAGE_CHILDREN`` holds them); memory is this process's peak plus ``workers`` times the largest
+    worker's peak above this process's baseline, an upper bound (a forked worker shares pages with its parent)."""
+    import resource
+
+    from torch.utils.data import DataLoader
+
+    from ...data.dataset import WebDataset
+
+    baseline = _rss()
+    per_worker = -(-connections // workers)
+    ds = WebDataset(urls, max_connections=per_worker, max_buffered_bytes=max_buffered_bytes, nodesplitter=None)
+    loader = DataLoader(ds, batch_size=None, num_workers=workers)
+    children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    result, started, cpu0 = _consume(loader, reporter, lambda: int(ds.stats()["bytes_read"]))
+    del loader  # its workers were joined as the pass ended (and are counted in RUSAGE_CHILDREN from then)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    workers_cpu = (children.ru_utime - children0.ru_utime) + (children.ru_stime - children0.ru_stime)
+    stats = ds.stats()
+    result.update(bytes=stats["bytes_read"], peak_buffered=stats["peak_buffered_bytes"], wait_s=stats["wait_s"],
+                  limit=ds.config.max_buffered_bytes * workers, retries=stats["retries"],
+                  concurrency=stats["concurrency"], concurrency_reason=stats["concurrency_reason"],
+                  first_sample_s=stats["first_sample_s"], workers=workers)
+    result = _finish(result, started, cpu0, baseline)
+    result["cpu_s"] += workers_cpu
+    result["workers_cpu_s"] = workers_cpu
+    largest = children.ru_maxrss << 10  # KiB on Linux
+    result["peak_above_baseline"] += workers * max(0, largest - baseline)
+    return result
+
+
 def _phase_webdataset(urls: list[str], reporter: _Reporter) -> dict[str, Any]:
     import warnings
 
@@ -178,8 +213,10 @@ def _phase_webdataset(urls: list[str], reporter: _Reporter) -> dict[str, Any]:
 
 def _phase_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m wds_async.cli.bench.phase")
-    parser.add_argument("--phase", choices=("raw", "loader", "loader-auto", "webdataset"), required=True)
+    parser.add_argument("--phase", choices=("raw", "loader", "loader-auto", "loader-workers", "webdataset"),
+                        required=True)
     parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--workers", type=int, default=2, help="loader-workers: the DataLoader's num_workers")
     parser.add_argument("--max-buffered-bytes", type=int, default=None)
     parser.add_argument("--progress-file", default=None, help="rewrite 'bytes samples' here while running")
     parser.add_argument("urls", nargs="+")
@@ -191,6 +228,8 @@ def _phase_main(argv: Sequence[str]) -> int:
         result = _phase_loader(args.urls, args.connections, args.max_buffered_bytes, reporter)
     elif args.phase == "loader-auto":
         result = _phase_loader(args.urls, "auto", args.max_buffered_bytes, reporter)
+    elif args.phase == "loader-workers":
+        result = _phase_workers(args.urls, args.connections, args.workers, args.max_buffered_bytes, reporter)
     else:
         result = _phase_webdataset(args.urls, reporter)
     print(json.dumps(result))

@@ -8,6 +8,9 @@ memory are its own:
 * **wds-async**: ``WebDataset(urls, max_connections=connections)`` iterated in one process through
   ``DataLoader(ds, batch_size=None, num_workers=0)``, counting
   samples and checking every ``(url, key)`` arrives exactly once;
+* **wds-async, N workers** (``--workers N``): the same through ``DataLoader(ds, batch_size=None, num_workers=N)``,
+  each worker an engine over its share of the shards with ``ceil(connections / N)`` connections, every sample
+  pickled to the main process; CPU counts the workers too, memory adds N times the largest worker's peak;
 * **webdataset** (``--vs-webdataset``, when the package is installed): ``webdataset.WebDataset(urls)``
   iterated in one process, its default way of reading.
 
@@ -57,9 +60,11 @@ def _read_progress(path: str) -> tuple[float | None, int | None]:
         return None, None
 
 def _run_phase(phase: str, urls: list[str], connections: int, max_buffered_bytes: int | None,
-               timeout: float, name: str, status: Status | None = None) -> dict[str, Any]:
+               timeout: float, name: str, status: Status | None = None, workers: int = 0) -> dict[str, Any]:
     """Run one phase in a fresh interpreter; feed ``status`` as it starts and every 0.25 s while it runs."""
     cmd = [sys.executable, "-m", "wds_async.cli.bench.phase", "--phase", phase, "--connections", str(connections)]
+    if workers:
+        cmd += ["--workers", str(workers)]
     if max_buffered_bytes:
         cmd += ["--max-buffered-bytes", str(max_buffered_bytes)]
     with tempfile.TemporaryDirectory(prefix="wds-bench-") as scratch:
@@ -106,11 +111,12 @@ def run_bench(urls: list[str], *, connections: int = 16, vs_webdataset: bool = F
               max_buffered_bytes: int | None = None, faults: str | None = None,
               timeout: float = 1800, status: Status | None = None, autotune: bool = True,
               peers: Sequence[str] = (), endpoint: str | None = None, ca_file: str | None = None,
-              peer_status: Callable[[str, float], None] | None = None) -> list[dict[str, Any]]:
+              peer_status: Callable[[str, float], None] | None = None, workers: int = 0) -> list[dict[str, Any]]:
     """Run the phases and return one row per phase, with derived rates and ratios.
 
     ``autotune`` adds a loader phase with ``max_connections="auto"`` (its row names the concurrency the
     autotuner ended at; ``connections`` is then only the raw phase's and the fixed loader's).
+    ``workers`` adds a loader phase through a DataLoader with that many worker processes (needs torch).
     ``faults`` is a query string appended to every URL for an extra loader phase (the emulated store
     reads fault knobs from the query, e.g. ``drop_rate=0.05&fail_rate=0.05``); its row reports the
     throughput as a ratio to the clean loader run (``vs_clean``). ``status``, when given, is called
@@ -141,6 +147,11 @@ def run_bench(urls: list[str], *, connections: int = 16, vs_webdataset: bool = F
         auto = _run_phase("loader-auto", urls, connections, max_buffered_bytes, timeout, "wds-async (auto)", status)
         auto["name"] = f"wds-async (auto: {auto['concurrency']})"
         rows.append(auto)
+    if workers:
+        name = f"wds-async, {workers} workers"
+        row = _run_phase("loader-workers", urls, connections, max_buffered_bytes, timeout, name, status, workers)
+        row["name"] = name
+        rows.append(row)
     if faults:
         faulty_urls = [u + ("&" if "?" in u else "?") + faults for u in urls]
         faulty = _run_phase("loader", faulty_urls, connections, max_buffered_bytes, timeout,
@@ -234,6 +245,10 @@ def format_table(rows: list[dict[str, Any]]) -> str:
                          f"{raw['first_s'] * 1000:.0f} ms: {1000 * (loader['first_s'] - raw['first_s']):+.0f} ms")
         if other is not None:
             lines.append(f"wds-async / webdataset = {loader['mb_s'] / other['mb_s']:.1f}x")
+        pool = next((r for r in rows if r.get("workers")), None)
+        if pool is not None:
+            lines.append(f"{pool['workers']} DataLoader workers: {pool['mb_s'] / loader['mb_s']:.2f}x the one process "
+                         f"(samples cross to the main process pickled; CPU and memory count the workers)")
         auto = next((r for r in rows if r["name"].startswith("wds-async (auto")), None)
         if auto is not None:
             lines.append(f"autotuned: {auto['mb_s'] / loader['mb_s']:.2f}x the fixed loader, ended at "
