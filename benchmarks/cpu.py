@@ -97,21 +97,6 @@ def _keep(batch: Any) -> Any:
     return batch  # the DataLoader's collate_fn: the batch as the pipeline made it (no conversion walk)
 
 
-def _pack(batch: list[Any]) -> tuple[Any, int]:
-    """The ``dlt`` phases' collate_fn: a batch's member bytes in one uint8 tensor in shared memory, and its size."""
-    import ctypes
-
-    import torch
-
-    values = [v for sample in batch for v in sample.values() if isinstance(v, bytes)]
-    out = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(sum(map(len, values))))
-    at = out.data_ptr()
-    for v in values:
-        ctypes.memmove(at, v, len(v))
-        at += len(v)
-    return out, len(batch)
-
-
 def _phase_dataloader(urls: list[str], connections: int, workers: int, tensors: bool,
                       options: dict[str, Any]) -> dict[str, Any]:
     import gc
@@ -119,14 +104,15 @@ def _phase_dataloader(urls: list[str], connections: int, workers: int, tensors: 
     from torch.utils.data import DataLoader
 
     import wds_async
+    from wds_async.cli.bench.phase import pack_batch
 
     per_worker = -(-connections // workers)
     ds = wds_async.WebDataset(urls, nodesplitter=None, max_connections=per_worker,
                               backend_options=options or None).batched(64, collation_fn=None)
-    loader = DataLoader(ds, batch_size=None, num_workers=workers, collate_fn=_pack if tensors else _keep)
+    loader = DataLoader(ds, batch_size=None, num_workers=workers, collate_fn=pack_batch if tensors else _keep)
     samples = 0
     for batch in loader:
-        samples += batch[1] if tensors else len(batch)
+        samples += len(batch[1]) if tensors else len(batch)
     del loader, batch
     gc.collect()  # the iterator's workers are joined when it goes, so that RUSAGE_CHILDREN counts them
     return {"bytes": None, "samples": samples}

@@ -132,16 +132,16 @@ def _workers_phase(urls: list[str], workers: int, tensors: bool) -> dict[str, An
     from torch.utils.data import DataLoader
 
     import wds_async as wds
-    from benchmarks.cpu import _pack
+    from wds_async.cli.bench.phase import pack_batch
 
     ds = wds.WebDataset(urls, nodesplitter=None)
     if tensors:
-        loader = DataLoader(ds.batched(16, collation_fn=None), batch_size=None, num_workers=workers, collate_fn=_pack)
+        loader = DataLoader(ds.batched(16, collation_fn=None), batch_size=None, num_workers=workers, collate_fn=pack_batch)
     else:
         loader = DataLoader(ds, batch_size=None, num_workers=workers)
     own0, children0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    samples = sum(batch[1] for batch in loader) if tensors else sum(1 for _ in loader)
+    samples = sum(len(batch[1]) for batch in loader) if tensors else sum(1 for _ in loader)
     wall = time.perf_counter() - started
     del loader
     gc.collect()  # the workers are joined when their iterator goes, so that RUSAGE_CHILDREN counts them

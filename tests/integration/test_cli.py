@@ -66,20 +66,24 @@ def test_bench_prints_the_table(shard_dir: Path) -> None:
     assert "\x1b[" not in out.stderr  # stderr is not a terminal: no live status line
 
 
-def test_bench_workers_row_reads_every_sample_once_through_dataloader_workers(shard_dir: Path,
-                                                                             tmp_path: Path) -> None:
+def test_bench_workers_rows_read_every_sample_once_through_dataloader_workers(shard_dir: Path,
+                                                                              tmp_path: Path) -> None:
     rows_file = tmp_path / "rows.json"
     out = _run("bench", str(shard_dir / "shard-{000000..000003}.tar"), "-c", "4", "--no-auto", "--workers", "2",
                "--json", str(rows_file))
     assert out.returncode == 0, out.stderr
-    assert "wds-async, 2 workers" in out.stdout and "2 DataLoader workers:" in out.stdout
+    assert "wds-async, 2 workers" in out.stdout and "wds-async, 2 workers, tensors" in out.stdout
+    assert "samples cross pickled" in out.stdout and "batches cross as shared-memory tensors" in out.stdout
     rows = {row["name"]: row for row in json.loads(rows_file.read_text())}
-    one, pool = rows["wds-async (4 conns)"], rows["wds-async, 2 workers"]
-    assert pool["workers"] == 2 and pool["exactly_once"] == "yes"
-    assert pool["samples"] == pool["unique"] == one["samples"] and pool["bytes"] == one["bytes"]
-    assert pool["concurrency_reason"] == "summed over 2 DataLoader workers"
-    # The workers' CPU (they parse every byte) is in the row's.
-    assert 0 < pool["workers_cpu_s"] < pool["cpu_s"] and pool["peak_above_baseline"] >= 0
+    one = rows["wds-async (4 conns)"]
+    for name, tensors in (("wds-async, 2 workers", False), ("wds-async, 2 workers, tensors", True)):
+        pool = rows[name]
+        assert pool["workers"] == 2 and pool["tensors"] is tensors and pool["exactly_once"] == "yes"
+        assert pool["samples"] == pool["unique"] == one["samples"] and pool["bytes"] == one["bytes"]
+        assert pool["keys_digest"] == one["keys_digest"]  # the same (url, key) names as the one process read
+        assert pool["concurrency_reason"] == "summed over 2 DataLoader workers"
+        # The workers' CPU (they parse every byte) is in the row's.
+        assert 0 < pool["workers_cpu_s"] < pool["cpu_s"] and pool["peak_above_baseline"] >= 0
 
 
 def test_bench_workers_without_torch_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 from ..._atomic import AtomicFile
 from ..common import wds_error
 
-__all__ = ["REPORT_EVERY", "main"]
+__all__ = ["REPORT_EVERY", "main", "pack_batch"]
 
 REPORT_EVERY = 0.25  # seconds between a phase's progress writes (and the parent's reads)
 
@@ -165,13 +165,32 @@ def _phase_loader(urls: list[str], connections: int | str, max_buffered_bytes: i
     return _finish(result, started, cpu0, baseline)
 
 
-def _phase_workers(urls: list[str], connections: int, workers: int, max_buffered_bytes: int | None,
+def pack_batch(batch: list[Any]) -> tuple[Any, list[tuple[str, str]]]:
+    """A DataLoader ``collate_fn`` for a list of samples: their ``bytes`` values, in order, in one ``uint8`` tensor
+    allocated in shared memory (one copy, as torch's ``default_collate`` stacks tensors in a worker), and each
+    sample's ``(__url__, __key__)``. Only a file descriptor and the names cross to the main process, as for a
+    pipeline that decodes to tensors in its workers."""
+    import ctypes
+
+    import torch
+
+    values = [v for sample in batch for v in sample.values() if isinstance(v, bytes)]
+    out = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(sum(map(len, values))))
+    at = out.data_ptr()
+    for v in values:
+        ctypes.memmove(at, v, len(v))
+        at += len(v)
+    return out, [(sample["__url__"], sample["__key__"]) for sample in batch]
+
+
+def _phase_workers(urls: list[str], connections: int, workers: int, tensors: bool, max_buffered_bytes: int | None,
                    reporter: _Reporter) -> dict[str, Any]:
     """The loader through ``DataLoader(ds, batch_size=None, num_workers=workers)``: each worker an engine over its
     share of the shards with ``ceil(connections / workers)`` connections (the same total as the other phases), its
-    samples pickled to this process through the DataLoader's queue. CPU adds the workers' (joined when the pass
-    ends, so ``RUSAGE_CHILDREN`` holds them); memory is this process's peak plus ``workers`` times the largest
-    worker's peak above this process's baseline, an upper bound (a forked worker shares pages with its parent)."""
+    samples pickled to this process through the DataLoader's queue, or with ``tensors`` batches of 64 packed by
+    :func:`pack_batch`. CPU adds the workers' (joined when the pass ends, so ``RUSAGE_CHILDREN`` holds them); memory
+    is this process's peak plus ``workers`` times the largest worker's peak above this process's baseline, an upper
+    bound (a forked worker shares pages with its parent)."""
     import resource
 
     from torch.utils.data import DataLoader
@@ -181,7 +200,13 @@ def _phase_workers(urls: list[str], connections: int, workers: int, max_buffered
     baseline = _rss()
     per_worker = -(-connections // workers)
     ds = WebDataset(urls, max_connections=per_worker, max_buffered_bytes=max_buffered_bytes, nodesplitter=None)
-    loader = DataLoader(ds, batch_size=None, num_workers=workers)
+    loader: Any
+    if tensors:
+        batches = DataLoader(ds.batched(64, collation_fn=None), batch_size=None, num_workers=workers,
+                             collate_fn=pack_batch)
+        loader = ({"__url__": url, "__key__": key} for _, names in batches for url, key in names)
+    else:
+        loader = DataLoader(ds, batch_size=None, num_workers=workers)
     children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     result, started, cpu0 = _consume(loader, reporter, lambda: int(ds.stats()["bytes_read"]))
     del loader  # its workers were joined as the pass ended (and are counted in RUSAGE_CHILDREN from then)
@@ -191,7 +216,7 @@ def _phase_workers(urls: list[str], connections: int, workers: int, max_buffered
     result.update(bytes=stats["bytes_read"], peak_buffered=stats["peak_buffered_bytes"], wait_s=stats["wait_s"],
                   limit=ds.config.max_buffered_bytes * workers, retries=stats["retries"],
                   concurrency=stats["concurrency"], concurrency_reason=stats["concurrency_reason"],
-                  first_sample_s=stats["first_sample_s"], workers=workers)
+                  first_sample_s=stats["first_sample_s"], workers=workers, tensors=tensors)
     result = _finish(result, started, cpu0, baseline)
     result["cpu_s"] += workers_cpu
     result["workers_cpu_s"] = workers_cpu
@@ -217,6 +242,7 @@ def _phase_main(argv: Sequence[str]) -> int:
                         required=True)
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--workers", type=int, default=2, help="loader-workers: the DataLoader's num_workers")
+    parser.add_argument("--tensors", action="store_true", help="loader-workers: batches handed over as tensors")
     parser.add_argument("--max-buffered-bytes", type=int, default=None)
     parser.add_argument("--progress-file", default=None, help="rewrite 'bytes samples' here while running")
     parser.add_argument("urls", nargs="+")
@@ -229,7 +255,8 @@ def _phase_main(argv: Sequence[str]) -> int:
     elif args.phase == "loader-auto":
         result = _phase_loader(args.urls, "auto", args.max_buffered_bytes, reporter)
     elif args.phase == "loader-workers":
-        result = _phase_workers(args.urls, args.connections, args.workers, args.max_buffered_bytes, reporter)
+        result = _phase_workers(args.urls, args.connections, args.workers, args.tensors, args.max_buffered_bytes,
+                                reporter)
     else:
         result = _phase_webdataset(args.urls, reporter)
     print(json.dumps(result))

@@ -10,7 +10,9 @@ memory are its own:
   samples and checking every ``(url, key)`` arrives exactly once;
 * **wds-async, N workers** (``--workers N``): the same through ``DataLoader(ds, batch_size=None, num_workers=N)``,
   each worker an engine over its share of the shards with ``ceil(connections / N)`` connections, every sample
-  pickled to the main process; CPU counts the workers too, memory adds N times the largest worker's peak;
+  pickled to the main process; CPU counts the workers too, memory adds N times the largest worker's peak; and
+  **wds-async, N workers, tensors**: the same over batches of 64 that each worker packs into a shared-memory
+  tensor (:func:`~wds_async.cli.bench.phase.pack_batch`), the hand-over of a pipeline that decodes in its workers;
 * **webdataset** (``--vs-webdataset``, when the package is installed): ``webdataset.WebDataset(urls)``
   iterated in one process, its default way of reading.
 
@@ -60,11 +62,12 @@ def _read_progress(path: str) -> tuple[float | None, int | None]:
         return None, None
 
 def _run_phase(phase: str, urls: list[str], connections: int, max_buffered_bytes: int | None,
-               timeout: float, name: str, status: Status | None = None, workers: int = 0) -> dict[str, Any]:
+               timeout: float, name: str, status: Status | None = None, workers: int = 0,
+               tensors: bool = False) -> dict[str, Any]:
     """Run one phase in a fresh interpreter; feed ``status`` as it starts and every 0.25 s while it runs."""
     cmd = [sys.executable, "-m", "wds_async.cli.bench.phase", "--phase", phase, "--connections", str(connections)]
     if workers:
-        cmd += ["--workers", str(workers)]
+        cmd += ["--workers", str(workers), *(["--tensors"] if tensors else [])]
     if max_buffered_bytes:
         cmd += ["--max-buffered-bytes", str(max_buffered_bytes)]
     with tempfile.TemporaryDirectory(prefix="wds-bench-") as scratch:
@@ -116,7 +119,8 @@ def run_bench(urls: list[str], *, connections: int = 16, vs_webdataset: bool = F
 
     ``autotune`` adds a loader phase with ``max_connections="auto"`` (its row names the concurrency the
     autotuner ended at; ``connections`` is then only the raw phase's and the fixed loader's).
-    ``workers`` adds a loader phase through a DataLoader with that many worker processes (needs torch).
+    ``workers`` adds two loader phases through a DataLoader with that many worker processes (needs torch): samples
+    handed over pickled, and batches handed over as shared-memory tensors.
     ``faults`` is a query string appended to every URL for an extra loader phase (the emulated store
     reads fault knobs from the query, e.g. ``drop_rate=0.05&fail_rate=0.05``); its row reports the
     throughput as a ratio to the clean loader run (``vs_clean``). ``status``, when given, is called
@@ -147,9 +151,10 @@ def run_bench(urls: list[str], *, connections: int = 16, vs_webdataset: bool = F
         auto = _run_phase("loader-auto", urls, connections, max_buffered_bytes, timeout, "wds-async (auto)", status)
         auto["name"] = f"wds-async (auto: {auto['concurrency']})"
         rows.append(auto)
-    if workers:
-        name = f"wds-async, {workers} workers"
-        row = _run_phase("loader-workers", urls, connections, max_buffered_bytes, timeout, name, status, workers)
+    for tensors in (False, True) if workers else ():
+        name = f"wds-async, {workers} workers" + (", tensors" if tensors else "")
+        row = _run_phase("loader-workers", urls, connections, max_buffered_bytes, timeout, name, status, workers,
+                         tensors)
         row["name"] = name
         rows.append(row)
     if faults:
@@ -213,7 +218,8 @@ def _best_raw(first: dict[str, Any], again: dict[str, Any]) -> dict[str, Any]:
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    header = (f"{'phase':<26}{'MB/s':>9}{'samples/s':>11}{'vs raw':>8}{'CPU s/GB':>10}{'peak MB':>9}{'samples':>9}"
+    width = max(26, *(len(r["name"]) + 1 for r in rows))
+    header = (f"{'phase':<{width}}{'MB/s':>9}{'samples/s':>11}{'vs raw':>8}{'CPU s/GB':>10}{'peak MB':>9}{'samples':>9}"
               f"{'first ms':>10}  exactly once")
     lines = [header, "-" * len(header)]
     expected = next((r["samples"] for r in rows if r["name"].startswith("wds-async")), None)
@@ -226,7 +232,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             once = "yes" if r["unique"] == r["samples"] else f"NO ({r['samples'] - r['unique']} duplicates)"
             if expected is not None and r["samples"] != expected:
                 once += f" (count differs: {r['samples']} vs {expected})"
-        lines.append(f"{r['name']:<26}{r['mb_s']:>9.1f}{sps:>11}{r['vs_raw']:>8.2f}{r['cpu_s_per_gb']:>10.2f}"
+        lines.append(f"{r['name']:<{width}}{r['mb_s']:>9.1f}{sps:>11}{r['vs_raw']:>8.2f}{r['cpu_s_per_gb']:>10.2f}"
                      f"{r['peak_above_baseline'] / 1e6:>9.0f}{samples:>9}{first:>10}  {once}")
     loader = next((r for r in rows if r["name"].startswith("wds-async")), None)
     raw = next((r for r in rows if r["name"].startswith("raw download")), {})
@@ -245,10 +251,10 @@ def format_table(rows: list[dict[str, Any]]) -> str:
                          f"{raw['first_s'] * 1000:.0f} ms: {1000 * (loader['first_s'] - raw['first_s']):+.0f} ms")
         if other is not None:
             lines.append(f"wds-async / webdataset = {loader['mb_s'] / other['mb_s']:.1f}x")
-        pool = next((r for r in rows if r.get("workers")), None)
-        if pool is not None:
+        for pool in (r for r in rows if r.get("workers")):
+            how = "batches cross as shared-memory tensors" if pool["tensors"] else "samples cross pickled"
             lines.append(f"{pool['workers']} DataLoader workers: {pool['mb_s'] / loader['mb_s']:.2f}x the one process "
-                         f"(samples cross to the main process pickled; CPU and memory count the workers)")
+                         f"({how}; CPU and memory count the workers)")
         auto = next((r for r in rows if r["name"].startswith("wds-async (auto")), None)
         if auto is not None:
             lines.append(f"autotuned: {auto['mb_s'] / loader['mb_s']:.2f}x the fixed loader, ended at "
