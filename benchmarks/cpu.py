@@ -33,9 +33,10 @@ engine of its own), so that N loop threads parse in N processes. Batches of 64 s
 the main process pickled through the DataLoader's queue, as a pipeline that batches before the hand-over would.
 The phase's CPU is its own process's plus its workers' (reaped before it is read); its bytes are the shards' size,
 and its samples are counted in the main process, so a row whose samples differ from the loader's shows a loss.
-``--tensors`` adds, per N, ``dlt N``: the same, but each worker's collate packs a batch's member bytes into one
+``--tensors`` adds, per N, ``dlt N``: the same, but each batch is ``wds.pack_samples``: its member bytes in one
 ``uint8`` tensor in shared memory (one copy, as torch's ``default_collate`` stacks a batch of tensors in a worker),
-so that only a file descriptor crosses the queue: the hand-over of a pipeline that decodes to tensors in its workers.
+so that only a file descriptor and the small values cross the queue: the hand-over of a pipeline that decodes to
+tensors in its workers.
 """
 
 from __future__ import annotations
@@ -104,15 +105,14 @@ def _phase_dataloader(urls: list[str], connections: int, workers: int, tensors: 
     from torch.utils.data import DataLoader
 
     import wds_async
-    from wds_async.cli.bench.phase import pack_batch
 
     per_worker = -(-connections // workers)
-    ds = wds_async.WebDataset(urls, nodesplitter=None, max_connections=per_worker,
-                              backend_options=options or None).batched(64, collation_fn=None)
-    loader = DataLoader(ds, batch_size=None, num_workers=workers, collate_fn=pack_batch if tensors else _keep)
+    ds = wds_async.WebDataset(urls, nodesplitter=None, max_connections=per_worker, backend_options=options or None)
+    batches = ds.batched(64, collation_fn=wds_async.pack_samples if tensors else None)
+    loader = DataLoader(batches, batch_size=None, num_workers=workers, collate_fn=_keep)
     samples = 0
     for batch in loader:
-        samples += len(batch[1]) if tensors else len(batch)
+        samples += len(batch)
     del loader, batch
     gc.collect()  # the iterator's workers are joined when it goes, so that RUSAGE_CHILDREN counts them
     return {"bytes": None, "samples": samples}

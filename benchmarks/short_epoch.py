@@ -22,9 +22,9 @@ epoch: a fresh engine, and memory the process has not touched yet), its imports 
   processes, each an engine (autotuned from 32) over its share of the shards, each with a loop thread parsing its own
   bytes, where a machine has the cores for them. The phase's wall time includes starting the workers; its CPU adds
   theirs (reaped before it is read); its bytes are the shards' size, and its samples are checked against the list's.
-* ``N workers, tensors``: the same over ``.batched(16, collation_fn=None)``, each batch's member bytes packed by the
-  worker's ``collate_fn`` into one shared-memory tensor (``benchmarks.cpu``'s ``dlt`` hand-over): what crosses to
-  the main process is a file descriptor, as for a pipeline that decodes to tensors in its workers.
+* ``N workers, tensors``: the same over ``.batched(16, collation_fn=wds.pack_samples)``, each batch's member bytes
+  in one shared-memory tensor (``benchmarks.cpu``'s ``dlt`` hand-over): what crosses to the main process is a file
+  descriptor and the small values, as for a pipeline that decodes to tensors in its workers.
 
 Then, as the second table, epochs through ``DataLoader(ds, batch_size=None, num_workers=2)`` over a list of 512 shards of
 64 KiB on the same store (each worker reads 256 requests that mostly wait for their first byte), four epochs per
@@ -132,16 +132,14 @@ def _workers_phase(urls: list[str], workers: int, tensors: bool) -> dict[str, An
     from torch.utils.data import DataLoader
 
     import wds_async as wds
-    from wds_async.cli.bench.phase import pack_batch
-
     ds = wds.WebDataset(urls, nodesplitter=None)
     if tensors:
-        loader = DataLoader(ds.batched(16, collation_fn=None), batch_size=None, num_workers=workers, collate_fn=pack_batch)
+        loader = DataLoader(ds.batched(16, collation_fn=wds.pack_samples), batch_size=None, num_workers=workers)
     else:
         loader = DataLoader(ds, batch_size=None, num_workers=workers)
     own0, children0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    samples = sum(len(batch[1]) for batch in loader) if tensors else sum(1 for _ in loader)
+    samples = sum(len(batch) for batch in loader) if tensors else sum(1 for _ in loader)
     wall = time.perf_counter() - started
     del loader
     gc.collect()  # the workers are joined when their iterator goes, so that RUSAGE_CHILDREN counts them

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from .data.indexed import IndexedWebDataset
     from .data.mix import RandomMix, RoundRobin
     from .data.mock import MockDataset
+    from .data.packed import PackedSamples, pack_samples
     from .data.pipeline import (
         DataPipeline,
         FluidWrapper,
@@ -124,6 +125,8 @@ __all__ = [
     "SimpleShardList",
     "Stage",
     "WebLoader",
+    "PackedSamples",
+    "pack_samples",
     "batched",
     "detshuffle",
     "listed",

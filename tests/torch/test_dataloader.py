@@ -84,20 +84,3 @@ def test_pin_memory_keeps_samples_whole(pattern: str) -> None:
         pinned = pin_memory(sample)
         assert type(pinned) is type(sample) and dict(pinned) == dict(sample)
         assert (pinned.item, pinned.offset, pinned.end) == (sample.item, sample.offset, sample.end)
-
-
-def test_bench_tensor_hand_over(pattern: str, manifest: dict) -> None:  # type: ignore[type-arg]
-    """``bench --workers``' (and ``benchmarks.cpu``'s ``dlt``) hand-over: batches packed by the workers into
-    shared-memory tensors arrive whole, every sample named once and every member byte in them."""
-    from wds_async.cli.bench.phase import pack_batch
-
-    members = sum(len(v) for s in wds.WebDataset(pattern, max_connections=4) for v in s.values()
-                  if isinstance(v, bytes))
-    ds = wds.WebDataset(pattern, max_connections=2).batched(3, collation_fn=None)
-    loader = DataLoader(ds, batch_size=None, num_workers=2, collate_fn=pack_batch,
-                        multiprocessing_context=multiprocessing.get_context("fork"))
-    got = list(loader)
-    names = [name for _, batch in got for name in batch]
-    assert len(names) == len(set(names)) == manifest["expected_samples"]
-    assert sum(t.numel() for t, _ in got) == members
-    assert all(t.is_shared() and t.dtype == torch.uint8 for t, _ in got)

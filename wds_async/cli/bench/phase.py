@@ -23,7 +23,7 @@ from typing import Any
 from ..._atomic import AtomicFile
 from ..common import wds_error
 
-__all__ = ["REPORT_EVERY", "main", "pack_batch"]
+__all__ = ["REPORT_EVERY", "main"]
 
 REPORT_EVERY = 0.25  # seconds between a phase's progress writes (and the parent's reads)
 
@@ -165,30 +165,12 @@ def _phase_loader(urls: list[str], connections: int | str, max_buffered_bytes: i
     return _finish(result, started, cpu0, baseline)
 
 
-def pack_batch(batch: list[Any]) -> tuple[Any, list[tuple[str, str]]]:
-    """A DataLoader ``collate_fn`` for a list of samples: their ``bytes`` values, in order, in one ``uint8`` tensor
-    allocated in shared memory (one copy, as torch's ``default_collate`` stacks tensors in a worker), and each
-    sample's ``(__url__, __key__)``. Only a file descriptor and the names cross to the main process, as for a
-    pipeline that decodes to tensors in its workers."""
-    import ctypes
-
-    import torch
-
-    values = [v for sample in batch for v in sample.values() if isinstance(v, bytes)]
-    out = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(sum(map(len, values))))
-    at = out.data_ptr()
-    for v in values:
-        ctypes.memmove(at, v, len(v))
-        at += len(v)
-    return out, [(sample["__url__"], sample["__key__"]) for sample in batch]
-
-
 def _phase_workers(urls: list[str], connections: int, workers: int, tensors: bool, max_buffered_bytes: int | None,
                    reporter: _Reporter) -> dict[str, Any]:
     """The loader through ``DataLoader(ds, batch_size=None, num_workers=workers)``: each worker an engine over its
     share of the shards with ``ceil(connections / workers)`` connections (the same total as the other phases), its
     samples pickled to this process through the DataLoader's queue, or with ``tensors`` batches of 64 packed by
-    :func:`pack_batch`. CPU adds the workers' (joined when the pass ends, so ``RUSAGE_CHILDREN`` holds them); memory
+    :func:`~wds_async.pack_samples` (their bytes in shared memory; this process reads each sample's name). CPU adds the workers' (joined when the pass ends, so ``RUSAGE_CHILDREN`` holds them); memory
     is this process's peak plus ``workers`` times the largest worker's peak above this process's baseline, an upper
     bound (a forked worker shares pages with its parent)."""
     import resource
@@ -196,15 +178,16 @@ def _phase_workers(urls: list[str], connections: int, workers: int, tensors: boo
     from torch.utils.data import DataLoader
 
     from ...data.dataset import WebDataset
+    from ...data.packed import pack_samples
 
     baseline = _rss()
     per_worker = -(-connections // workers)
     ds = WebDataset(urls, max_connections=per_worker, max_buffered_bytes=max_buffered_bytes, nodesplitter=None)
     loader: Any
     if tensors:
-        batches = DataLoader(ds.batched(64, collation_fn=None), batch_size=None, num_workers=workers,
-                             collate_fn=pack_batch)
-        loader = ({"__url__": url, "__key__": key} for _, names in batches for url, key in names)
+        batches = DataLoader(ds.batched(64, collation_fn=pack_samples), batch_size=None, num_workers=workers)
+        loader = ({"__url__": url, "__key__": key} for packed in batches
+                  for url, key in zip(packed.values("__url__"), packed.values("__key__"), strict=True))
     else:
         loader = DataLoader(ds, batch_size=None, num_workers=workers)
     children0 = resource.getrusage(resource.RUSAGE_CHILDREN)

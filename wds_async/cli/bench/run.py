@@ -12,7 +12,7 @@ memory are its own:
   each worker an engine over its share of the shards with ``ceil(connections / N)`` connections, every sample
   pickled to the main process; CPU counts the workers too, memory adds N times the largest worker's peak; and
   **wds-async, N workers, tensors**: the same over batches of 64 that each worker packs into a shared-memory
-  tensor (:func:`~wds_async.cli.bench.phase.pack_batch`), the hand-over of a pipeline that decodes in its workers;
+  tensor (:func:`~wds_async.pack_samples`), the hand-over of a pipeline that decodes in its workers;
 * **webdataset** (``--vs-webdataset``, when the package is installed): ``webdataset.WebDataset(urls)``
   iterated in one process, its default way of reading.
 
