@@ -132,6 +132,7 @@ def _workers_phase(urls: list[str], workers: int, tensors: bool) -> dict[str, An
     from torch.utils.data import DataLoader
 
     import wds_async as wds
+
     ds = wds.WebDataset(urls, nodesplitter=None)
     if tensors:
         loader = DataLoader(ds.batched(16, collation_fn=wds.pack_samples), batch_size=None, num_workers=workers)

@@ -158,11 +158,18 @@ def _phase_loader(urls: list[str], connections: int | str, max_buffered_bytes: i
 
         loader = DataLoader(ds, batch_size=None, num_workers=0)
     result, started, cpu0 = _consume(loader, reporter, lambda: int(ds.stats()["bytes_read"]))
-    stats = ds.stats()
-    result.update(bytes=stats["bytes_read"], peak_buffered=stats["peak_buffered_bytes"], wait_s=stats["wait_s"],
-                  limit=ds.config.max_buffered_bytes, retries=stats["retries"], concurrency=stats["concurrency"],
-                  concurrency_reason=stats["concurrency_reason"], first_sample_s=stats["first_sample_s"])
+    result.update(_engine_figures(ds, processes=1))
     return _finish(result, started, cpu0, baseline)
+
+
+def _engine_figures(ds: Any, processes: int) -> dict[str, Any]:
+    """A loader phase's figures from ``ds.stats()`` (its DataLoader workers' summed, where it had them); ``limit``:
+    the byte budgets of its ``processes`` engines together."""
+    stats = ds.stats()
+    return {"bytes": stats["bytes_read"], "peak_buffered": stats["peak_buffered_bytes"], "wait_s": stats["wait_s"],
+            "limit": ds.config.max_buffered_bytes * processes, "retries": stats["retries"],
+            "concurrency": stats["concurrency"], "concurrency_reason": stats["concurrency_reason"],
+            "first_sample_s": stats["first_sample_s"]}
 
 
 def _phase_workers(urls: list[str], connections: int, workers: int, tensors: bool, max_buffered_bytes: int | None,
@@ -170,9 +177,10 @@ def _phase_workers(urls: list[str], connections: int, workers: int, tensors: boo
     """The loader through ``DataLoader(ds, batch_size=None, num_workers=workers)``: each worker an engine over its
     share of the shards with ``ceil(connections / workers)`` connections (the same total as the other phases), its
     samples pickled to this process through the DataLoader's queue, or with ``tensors`` batches of 64 packed by
-    :func:`~wds_async.pack_samples` (their bytes in shared memory; this process reads each sample's name). CPU adds the workers' (joined when the pass ends, so ``RUSAGE_CHILDREN`` holds them); memory
-    is this process's peak plus ``workers`` times the largest worker's peak above this process's baseline, an upper
-    bound (a forked worker shares pages with its parent)."""
+    :func:`~wds_async.pack_samples` (their bytes in shared memory; this process reads each sample's name). CPU adds
+    the workers' (joined when the pass ends, so ``RUSAGE_CHILDREN`` holds them); memory is this process's peak plus
+    ``workers`` times the largest worker's peak above this process's baseline, an upper bound (a forked worker
+    shares pages with its parent)."""
     import resource
 
     from torch.utils.data import DataLoader
@@ -195,11 +203,7 @@ def _phase_workers(urls: list[str], connections: int, workers: int, tensors: boo
     del loader  # its workers were joined as the pass ended (and are counted in RUSAGE_CHILDREN from then)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     workers_cpu = (children.ru_utime - children0.ru_utime) + (children.ru_stime - children0.ru_stime)
-    stats = ds.stats()
-    result.update(bytes=stats["bytes_read"], peak_buffered=stats["peak_buffered_bytes"], wait_s=stats["wait_s"],
-                  limit=ds.config.max_buffered_bytes * workers, retries=stats["retries"],
-                  concurrency=stats["concurrency"], concurrency_reason=stats["concurrency_reason"],
-                  first_sample_s=stats["first_sample_s"], workers=workers, tensors=tensors)
+    result.update(_engine_figures(ds, processes=workers), workers=workers, tensors=tensors)
     result = _finish(result, started, cpu0, baseline)
     result["cpu_s"] += workers_cpu
     result["workers_cpu_s"] = workers_cpu
