@@ -94,3 +94,41 @@ def test_the_training_docs_example_runs(tmp_path: Any) -> None:
                                                 "firsts": firsts})
     assert seen == {f"s{i:03d}": bytes([i]) * (100 + i) for i in range(70)}
     assert firsts and all(f["jpg"] == seen[f["__key__"]] and type(f["jpg"]) is bytes for f in firsts)
+
+
+def test_pin_memory_pins_the_buffer_and_the_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ``DataLoader(pin_memory=True)``'s pinning thread calls on each batch (torch's ``pin_memory()``, which
+    asks an object that has the method) pins the packed buffer and the tensors among the other values, and keeps
+    the spans. ``Tensor.pin_memory`` needs an accelerator, so it is recorded here instead (the test below pins for
+    real where there is one)."""
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    pinned: list[torch.Tensor] = []
+
+    def record(self: torch.Tensor, device: Any = None) -> torch.Tensor:
+        copy = self.clone()
+        pinned.append(copy)
+        return copy
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", record)
+    batch = [{"__key__": "a", "jpg": b"xyz", "t": torch.ones(2), "n": 1},
+             {"__key__": "b", "jpg": b"pq", "t": torch.zeros(2), "n": 2}]
+    packed = wds.pack_samples(batch)
+    out = pin_memory(packed)
+    assert isinstance(out, wds.PackedSamples) and out is not packed
+    assert out.data is pinned[-1] and len(pinned) == 3  # the buffer and the two samples' tensors
+    tensors = [s["t"] for s in out]
+    assert len(tensors) == 2 and tensors[0] is pinned[0] and tensors[1] is pinned[1]
+    assert [{k: v for k, v in s.items() if k != "t"} for s in out] == [{k: v for k, v in s.items() if k != "t"}
+                                                                        for s in batch]
+    assert [bytes(v.tolist()) for v in out.values("jpg")] == [b"xyz", b"pq"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory needs an accelerator")
+def test_pin_memory_for_real(pattern: str) -> None:
+    ds = wds.WebDataset(pattern, max_connections=2).batched(4, collation_fn=wds.pack_samples)
+    loader = DataLoader(ds, batch_size=None, num_workers=2, pin_memory=True,
+                        multiprocessing_context=multiprocessing.get_context("fork"))
+    batches = list(loader)
+    assert batches and all(b.data.is_pinned() for b in batches)
+    assert sum(len(b) for b in batches) == len(list(wds.WebDataset(pattern, max_connections=2)))

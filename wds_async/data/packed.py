@@ -70,6 +70,17 @@ class PackedSamples:
                                f"(it has {[name for name, _ in fields]})")
         return out
 
+    def pin_memory(self, device: Any = None) -> PackedSamples:
+        """The batch with :attr:`data` in page-locked memory, and the tensors among the other values too: what
+        ``DataLoader(pin_memory=True)`` calls on each batch (as it pins the tensors of a batch torch collated),
+        so that ``packed.data.to("cuda", non_blocking=True)`` and the views of :meth:`values` copy asynchronously.
+        Needs an accelerator, as ``Tensor.pin_memory()`` does."""
+        from torch.utils.data._utils.pin_memory import pin_memory
+
+        fields = [[(name, value if type(value) is _Span else pin_memory(value, device)) for name, value in row]
+                  for row in self._fields]
+        return PackedSamples(self.data.pin_memory(), fields, self._tuples)
+
     def _restore(self, value: Any) -> Any:
         if type(value) is not _Span:
             return value
