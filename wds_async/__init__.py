@@ -205,9 +205,30 @@ def __getattr__(name: str) -> Any:
         try:  # ``wds_async.errors`` and the other submodules, as after an eager import
             return importlib.import_module(f"{__name__}.{name}")
         except ModuleNotFoundError:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+            pass
+        return _webdataset_name(name)
     value = getattr(importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value  # the next access is a plain module attribute
+    return value
+
+
+def _webdataset_name(name: str) -> Any:
+    """webdataset 1.0.2's other top-level names (``wds.PipelineStage``, ``wds.getfirst``, ``wds.with_epoch``,
+    ``wds.filters``, ...), so that ``import wds_async as wds`` in place of ``import webdataset as wds`` finds them:
+    taken from the shim package that :func:`install_as_webdataset` installs (``wds_async.compat.top``), built on
+    wds-async's own parts. A name webdataset has and wds-async does not provide is an ``AttributeError`` saying why."""
+    from .compat import top
+    from .compat._names import NotProvided
+
+    try:
+        value = getattr(top, name) if not name.startswith("_") else None
+    except NotProvided as refused:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}: {refused}") from None
+    except AttributeError:
+        value = None
+    if value is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
     return value
 
 

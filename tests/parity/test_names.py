@@ -278,3 +278,46 @@ def test_fluid_wrapper_gives_the_fluid_methods(shards: list[str]) -> None:
     # the engine interleaves samples of the shards in flight as they arrive, so compare the multiset
     assert sorted(run(wds_async)) == sorted(run(webdataset))
     assert len(run(wds_async)) == 2 * 36
+
+
+# -- webdataset's other top-level names, as attributes of wds_async --------------------------------------
+
+#: webdataset 1.0.2's top-level names that wds-async refuses by name (each with its reason).
+REFUSED_AT_TOP = {"LRUCleanup", "MultiShardSample", "tenbin", "torch_audio", "torch_loads", "torch_video"}
+
+
+def test_every_top_level_name_of_webdataset_is_an_attribute_of_wds_async_or_refused_with_its_reason() -> None:
+    """``import wds_async as wds`` in place of ``import webdataset as wds``: ``wds.X`` resolves for every public
+    name of webdataset's package (``wds.PipelineStage``, ``wds.getfirst``, ``wds.filters``, ...), and the few not
+    provided are an ``AttributeError`` (so ``hasattr`` answers) that says why."""
+    names = {n for n in dir(webdataset) if not n.startswith("_")}
+    assert {"PipelineStage", "getfirst", "with_epoch", "repeatedly", "filters", "torch_dumps"} <= names
+    for name in sorted(names - REFUSED_AT_TOP):
+        assert getattr(wds_async, name) is not None, name
+    for name in sorted(REFUSED_AT_TOP):
+        assert not hasattr(wds_async, name)
+        with pytest.raises(AttributeError, match=f"no attribute '{name}': webdataset.{name} is not provided by "
+                                                 f"wds-async: .+"):
+            getattr(wds_async, name)
+    with pytest.raises(AttributeError, match=r"^module 'wds_async' has no attribute 'no_such_name'$"):
+        wds_async.no_such_name  # noqa: B018
+    # wds-async's own names come first where webdataset has the same one.
+    assert wds_async.WebDataset.__module__.startswith("wds_async.data")
+    assert wds_async.cache.__name__ == "wds_async.cache"
+
+
+@LIBS
+def test_a_pipeline_stage_subclass_and_the_small_helpers_run_alike(lib: Any) -> None:
+    class Doubling(lib.PipelineStage):  # type: ignore[name-defined,misc]
+        def run(self, src: Any) -> Any:
+            for x in src:
+                yield {"__key__": x["__key__"], "v": x["v"] * 2}
+
+    def source() -> Any:
+        return iter([{"__key__": f"k{i}", "v": i} for i in range(5)])
+
+    got = [s["v"] for s in lib.DataPipeline(source, Doubling())]
+    assert got == [0, 2, 4, 6, 8]
+    assert lib.getfirst({"a.jpg": 1, "b": 2}, "x;b") == 2
+    assert list(lib.repeatedly([1, 2], nepochs=2)) == [1, 2, 1, 2]
+    # (webdataset 1.0.2's extradatasets.with_epoch and with_length cannot be instantiated: abstract classes.)
