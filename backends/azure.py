@@ -242,17 +242,18 @@ class AzureBackend(HttpBackend):
 
     # -- requests ----------------------------------------------------------------------------------------
 
-    def _base(self, target: _Target) -> str:
+    def _base(self, target: _Target, url: str) -> str:
         base = target.base or self._endpoint
         if base is None:
             if not self.account:
                 raise BackendError("no Azure storage account configured: set AZURE_STORAGE_CONNECTION_STRING or "
-                                   "AZURE_STORAGE_ACCOUNT, or pass backend_options={'account_name': ...}")
+                                   "AZURE_STORAGE_ACCOUNT, or pass backend_options={'account_name': ...}",
+                                   url=redact_url(url))
             base = f"{self._protocol}://{self.account}.blob.{self._suffix}"
         return base
 
-    def _object_url(self, target: _Target, blob: str | None) -> str:
-        return f"{self._base(target)}/{target.container}" + ("" if blob is None else "/" + quote(blob, safe="/"))
+    def _object_url(self, target: _Target, blob: str | None, url: str) -> str:
+        return f"{self._base(target, url)}/{target.container}" + ("" if blob is None else "/" + quote(blob, safe="/"))
 
     def sdk_client_args(self, url: str) -> tuple[dict[str, Any], str]:
         """Keyword arguments for azure-storage-blob's ``BlobClient`` reaching ``url`` with the credential
@@ -272,13 +273,13 @@ class AzureBackend(HttpBackend):
             credential = target.query if mode == "url" else self._sas
         elif mode == "token":
             credential = self._credential
-        return {"account_url": self._base(target), "container_name": target.container, "blob_name": target.blob,
+        return {"account_url": self._base(target, url), "container_name": target.container, "blob_name": target.blob,
                 "credential": credential}, mode
 
     def request_url(self, url: str) -> str:
         target = parse_url(url)
         query = self._query(target)
-        return self._object_url(target, target.blob) + (f"?{query}" if query else "")
+        return self._object_url(target, target.blob, url) + (f"?{query}" if query else "")
 
     async def request_headers(self, url: str, start: int, end: int | None) -> dict[str, str]:
         headers = await super().request_headers(url, start, end)
@@ -314,8 +315,9 @@ class AzureBackend(HttpBackend):
     @asynccontextmanager
     async def open(self, url: str, *, start: int = 0, end: int | None = None,
                    expect: ObjectIdentity | None = None) -> AsyncIterator[ByteStream]:
+        request_url = self.request_url(url)  # first: an account missing is said before any credential is sought
         headers = await self.request_headers(url, start, end)
-        target_url = self.conditions(self.request_url(url), headers, expect)
+        target_url = self.conditions(request_url, headers, expect)
         response = await self._send("GET", url, target_url, headers, start)
         async with self.streaming(response, redact_url(url), start, end) as stream:
             yield stream
@@ -331,7 +333,7 @@ class AzureBackend(HttpBackend):
         """Matches of a glob URL, sorted, in the URL form given (List Blobs on the glob's literal prefix)."""
         target = parse_url(pattern)
         regex, prefix = glob_regex(target.blob), glob_prefix(target.blob)
-        base, names, marker = self._object_url(target, None), [], ""
+        base, names, marker = self._object_url(target, None, pattern), [], ""
         while True:
             params = {"restype": "container", "comp": "list", "prefix": prefix, "maxresults": str(LIST_PAGE)}
             if marker:

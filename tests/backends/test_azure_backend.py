@@ -298,3 +298,20 @@ async def test_failing_token_credential_is_permission_denied() -> None:
         assert "FakeCredential" in str(info.value) and "az://cont/b.tar" in str(info.value)
     finally:
         await backend.aclose()
+
+
+@pytest.mark.asyncio
+async def test_no_account_is_said_with_the_url_before_any_credential_is_sought() -> None:
+    """An ``az://`` URL with no account anywhere: the error names the URL and what to set, and no credential chain
+    runs first (azure-identity's DefaultAzureCredential printed its whole chain of failures before it)."""
+    credential = FakeCredential()
+    backend = AzureBackend(credential=credential)
+    try:
+        with pytest.raises(wds.BackendError, match=r"no Azure storage account configured: set "
+                                                   r"AZURE_STORAGE_CONNECTION_STRING.+\(url=az://cont/b.tar\)"):
+            await _read(backend, "az://cont/b.tar")
+        assert credential.calls == 0
+    finally:
+        await backend.aclose()
+    with pytest.raises(wds.BackendError, match=r"no Azure storage account.+\(url=az://cont/b.tar\)"):
+        list(wds.WebDataset("az://cont/b.tar"))
