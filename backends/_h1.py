@@ -359,10 +359,13 @@ class H1Pool:
                 break
             await asyncio.wait([pending])  # never raises, and this caller's cancellation leaves the lookup alone
             if not pending.cancelled() and pending.exception() is not None:
-                raise OSError(f"cannot resolve {host}: {pending.exception()}")
+                raise OSError(str(pending.exception()))  # it names the host
         pending = self._looking_up[key] = asyncio.get_running_loop().create_future()
         try:
-            found = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            try:
+                found = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            except OSError as exc:  # the resolver's text ("Name or service not known") does not say which name
+                raise OSError(f"cannot resolve {host}: {exc}") from exc
             if not found:
                 raise OSError(f"no address for {host}")
         except BaseException as exc:
