@@ -315,9 +315,9 @@ class AzureBackend(HttpBackend):
     @asynccontextmanager
     async def open(self, url: str, *, start: int = 0, end: int | None = None,
                    expect: ObjectIdentity | None = None) -> AsyncIterator[ByteStream]:
-        request_url = self.request_url(url)  # first: an account missing is said before any credential is sought
+        plain_url = self.request_url(url)  # first: an account missing is said before any credential is sought
         headers = await self.request_headers(url, start, end)
-        target_url = self.conditions(request_url, headers, expect)
+        target_url = self.conditions(plain_url, headers, expect)
         response = await self._send("GET", url, target_url, headers, start)
         async with self.streaming(response, redact_url(url), start, end) as stream:
             yield stream
