@@ -233,5 +233,9 @@ def _webdataset_name(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    # the exports, the submodules loaded so far and the dunders; not this module's own helper imports
-    return sorted({*__all__, *(n for n, v in globals().items() if n.startswith("__") or type(v) is type(importlib))})
+    # the exports, the submodules loaded so far and the dunders; not this module's own helper imports; and
+    # webdataset's other top-level names, which resolve too (see _webdataset_name)
+    from .compat import top
+
+    return sorted({*__all__, *(n for n, v in globals().items() if n.startswith("__") or type(v) is type(importlib)),
+                   *top.__all__})

@@ -292,6 +292,8 @@ def test_every_top_level_name_of_webdataset_is_an_attribute_of_wds_async_or_refu
     provided are an ``AttributeError`` (so ``hasattr`` answers) that says why."""
     names = {n for n in dir(webdataset) if not n.startswith("_")}
     assert {"PipelineStage", "getfirst", "with_epoch", "repeatedly", "filters", "torch_dumps"} <= names
+    assert names - REFUSED_AT_TOP <= set(dir(wds_async))  # and dir() lists them
+    assert not REFUSED_AT_TOP & set(dir(wds_async))
     for name in sorted(names - REFUSED_AT_TOP):
         assert getattr(wds_async, name) is not None, name
     for name in sorted(REFUSED_AT_TOP):
