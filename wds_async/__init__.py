@@ -220,14 +220,15 @@ def _webdataset_name(name: str) -> Any:
     from .compat import top
     from .compat._names import NotProvided
 
+    missing = f"module {__name__!r} has no attribute {name!r}"
+    if name.startswith("_"):  # the shim's own dunders (its __version__ is webdataset's) are not ours
+        raise AttributeError(missing)
     try:
-        value = getattr(top, name) if not name.startswith("_") else None
+        value = getattr(top, name)
     except NotProvided as refused:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}: {refused}") from None
+        raise AttributeError(f"{missing}: {refused}") from None
     except AttributeError:
-        value = None
-    if value is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        raise AttributeError(missing) from None
     globals()[name] = value
     return value
 
