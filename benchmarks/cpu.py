@@ -110,10 +110,8 @@ def _phase_dataloader(urls: list[str], connections: int, workers: int, tensors: 
     ds = wds_async.WebDataset(urls, nodesplitter=None, max_connections=per_worker, backend_options=options or None)
     batches = ds.batched(64, collation_fn=wds_async.pack_samples if tensors else None)
     loader = DataLoader(batches, batch_size=None, num_workers=workers, collate_fn=_keep)
-    samples = 0
-    for batch in loader:
-        samples += len(batch)
-    del loader, batch
+    samples = sum(len(batch) for batch in loader)  # no batch outlives the pass
+    del loader
     gc.collect()  # the iterator's workers are joined when it goes, so that RUSAGE_CHILDREN counts them
     return {"bytes": None, "samples": samples}
 
