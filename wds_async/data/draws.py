@@ -275,10 +275,12 @@ class Turns(Chooser):
 
 
 def draw(iterators: list[Iterator[Any]], chooser: Chooser, longest: bool, ended: set[int],
-         finish: Callable[[], None] | None = None) -> Generator[Any, None, None]:
+         finish: Callable[[], None] | None = None,
+         ran_out: Callable[[int], None] | None = None) -> Generator[Any, None, None]:
     """Items of ``iterators`` in the order ``chooser`` picks them. A picked iterator that has run out is added
-    to ``ended`` and ends the stream, or with ``longest`` is dropped and the rest go on. ``finish()`` runs when
-    the generator ends for any reason: a mix's pass is this generator alone, one frame per item."""
+    to ``ended`` (and told to ``ran_out(i)``) and ends the stream, or with ``longest`` is dropped and the rest go
+    on. ``finish()`` runs when the generator ends for any reason: a mix's pass is this generator alone, one frame
+    per item."""
     try:
         for i in ended:
             chooser.drop(i)
@@ -289,6 +291,8 @@ def draw(iterators: list[Iterator[Any]], chooser: Chooser, longest: bool, ended:
                     item = takes[i]()
                 except StopIteration:
                     ended.add(i)
+                    if ran_out is not None:
+                        ran_out(i)
                     if not longest:
                         return
                     chooser.drop(i)
