@@ -57,8 +57,6 @@ def _ignore(exhausted: bool) -> None:
     return None
 
 
-
-
 class _Pass:
     """One pass over the source: the stage runners, and the source positions each of them consumed.
 
