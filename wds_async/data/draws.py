@@ -28,7 +28,7 @@ import random
 from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
-__all__ = ["BalancedDraws", "Chooser", "GlobalDraws", "IndependentDraws", "Turns", "check_weights", "draw", "position"]
+__all__ = ["BalancedDraws", "Chooser", "GlobalDraws", "IndependentDraws", "Turns", "check_weights", "draw"]
 
 
 class Chooser:
@@ -211,10 +211,6 @@ class BalancedDraws(Chooser):
     def _taken(self) -> int:
         return len(self._block) - operator.length_hint(self._ahead)
 
-    def last_pick(self) -> int:
-        """The pick taken last from the current block."""
-        return self._block[self._taken() - 1]
-
     def _settle(self) -> None:
         """Undo the picks of the block not taken: the state is where the taken ones leave it."""
         if self._mark is None:
@@ -279,55 +275,28 @@ class Turns(Chooser):
 
 
 def draw(iterators: list[Iterator[Any]], chooser: Chooser, longest: bool, ended: set[int],
-         finish: Callable[[], None] | None = None,
-         ran_out: Callable[[int], None] | None = None) -> Generator[Any, None, None]:
+         finish: Callable[[], None] | None = None) -> Generator[Any, None, None]:
     """Items of ``iterators`` in the order ``chooser`` picks them. A picked iterator that has run out is added
-    to ``ended`` (and told to ``ran_out(i)``) and ends the stream, or with ``longest`` is dropped and the rest go
-    on. ``finish()`` runs when the generator ends for any reason: a mix's pass is this generator alone, one frame
-    per item."""
+    to ``ended`` and ends the stream, or with ``longest`` is dropped and the rest go on. ``finish()`` runs when
+    the generator ends for any reason: a mix's pass is this generator alone, one frame per item."""
     try:
         for i in ended:
             chooser.drop(i)
         takes = [it.__next__ for it in iterators]
         while chooser.active:
-            picks = chooser.picks()
-            if isinstance(chooser, BalancedDraws):
-                # A block of picks made ahead: its items through C iterators alone (the pick, its source's
-                # __next__, the count), so a mix's consumer resumes no frame of this generator per item; it
-                # ends at the block's end or where a picked source ran out, told apart by the count.
-                left = operator.length_hint(picks)
-                numbered = enumerate(map(operator.call, map(takes.__getitem__, picks)))
-                yield from map(_second, numbered)
-                if position(numbered) == left - operator.length_hint(picks):
-                    continue  # every pick of the block was taken: the next block
-                i = chooser.last_pick()
-            else:
-                for i in picks:
-                    try:
-                        item = takes[i]()
-                    except StopIteration:
-                        break
-                    yield item
-                else:
-                    continue
-            ended.add(i)
-            if ran_out is not None:
-                ran_out(i)
-            if not longest:
-                return
-            chooser.drop(i)
+            for i in chooser.picks():
+                try:
+                    item = takes[i]()
+                except StopIteration:
+                    ended.add(i)
+                    if not longest:
+                        return
+                    chooser.drop(i)
+                    break
+                yield item
     finally:
         if finish is not None:
             finish()
-
-
-_second = operator.itemgetter(1)
-
-
-def position(numbered: enumerate[Any]) -> int:
-    """The number the next item of ``numbered`` would get: from 0, the items it has given (from its pickle form,
-    the one public view of an enumerate's count)."""
-    return int(numbered.__reduce__()[1][1])  # type: ignore[index]
 
 
 def check_weights(name: str, weights: Sequence[float] | None, count: int) -> list[float]:

@@ -22,7 +22,6 @@ from types import GeneratorType
 from typing import TYPE_CHECKING, Any
 
 from ._torch import IterableDataset
-from .draws import position
 from .handlers import resolve_handler
 from .recorder import Recorder
 from .stages import patterns as _p
@@ -53,8 +52,10 @@ def _streaming(stage: Any) -> bool:
 _second = operator.itemgetter(1)
 
 
-def _ignore(exhausted: bool) -> None:
-    return None
+def _position(numbered: enumerate[Any]) -> int:
+    """The number the next item of ``numbered`` would get: the items yielded so far (from its pickle form, the
+    one public view of an enumerate's count)."""
+    return int(numbered.__reduce__()[1][1])  # type: ignore[index]
 
 
 class _Pass:
@@ -196,49 +197,11 @@ class FluidPipeline(IterableDataset):  # type: ignore[type-arg]
                     try:
                         yield from map(_second, numbered)
                     finally:  # closed early too: a pass pickles (for spawned workers) without its generator
-                        counters[1] = position(numbered)
+                        counters[1] = _position(numbered)
                         run.numbered = None
             if counters[1] == before:
                 return  # an empty stream never loops
             counters[0] += 1
-
-    def _one_pass(self) -> tuple[Iterator[Any], Callable[[bool], None]] | None:
-        """What a mix reads of this pipeline: the items of one ``iter()``, as an iterator with no generator frame
-        of ours per item, and ``end(exhausted)``, to call once the mix stops reading it (``exhausted``: it raised
-        ``StopIteration``); None where the pipeline repeats (``repeat``, ``with_epoch``), whose ``iter()`` the
-        mix takes as it is.
-
-        The same pass as :meth:`__iter__`, counters and checkpoints included, but the pass starts here (its shards
-        planned) rather than at the first item, and each item costs the mix's consumer one ``enumerate`` and
-        ``map`` step where ``__iter__`` resumes its own frame too. With the draws' C chain (:func:`.draws.draw`),
-        a twenty-source mix of local shards took 2.2 us of the consumer's CPU per item (median) where it took 2.6,
-        against 1.7 for one dataset of the same shards (5 runs of 5,000 items in one process, in turn); with the
-        caches cold before each item (8 MiB written between items), 36 us either way, against 27 for one dataset:
-        what a mix costs there lies elsewhere (its more frequent, smaller hand-off lists among it)."""
-        if self._repetitions != 1:
-            return None
-        resume, self._pending = self._pending, None
-        counters = [0, 0]
-        if resume is not None and "elastic" not in resume:
-            counters = [resume["reps"], resume["count"]]
-        if counters[0] >= self._repetitions:  # saved after its one pass ended: nothing is left
-            return iter(()), _ignore
-        run = _Pass()
-        self._current = (run, counters)
-        before = counters[1]
-        items = self._iterate_once(run, resume)
-        run.numbered = numbered = enumerate(items, before)
-
-        def end(exhausted: bool) -> None:
-            if run.numbered is None:
-                return  # ended already
-            counters[1] = position(numbered)
-            run.numbered = None
-            items.close()
-            if exhausted and counters[1] != before:
-                counters[0] += 1  # as __iter__ counts a repetition (an empty stream never counts)
-
-        return map(_second, numbered), end
 
     # -- checkpoints -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -247,7 +210,7 @@ class FluidPipeline(IterableDataset):  # type: ignore[type-arg]
         if self._pending is not None:
             return self._pending
         run, counters = self._current if self._current is not None else (None, [0, 0])
-        count = counters[1] if run is None or run.numbered is None else position(run.numbered)
+        count = counters[1] if run is None or run.numbered is None else _position(run.numbered)
         if run is not None:
             run.flush()
         stages: list[dict[str, Any] | None] = []

@@ -36,7 +36,7 @@ Checkpoints
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from ..engine.shared import SharedEngine
@@ -99,23 +99,6 @@ def _copy(data: Any) -> Any:
     if hasattr(source, "_stats_box"):
         source._stats_box = [None]
     return source
-
-
-def _open(source: Any) -> tuple[Iterator[Any], Callable[[bool], None]]:
-    """A source's items for one pass, and what ends them (``end(exhausted)``): a pipeline's own one-pass
-    iterator where it has one (:meth:`~wds_async.data.fluid.FluidPipeline._one_pass`), else its ``iter()``."""
-    if isinstance(source, FluidPipeline):
-        one = source._one_pass()
-        if one is not None:
-            return one
-    iterator = iter(source)
-
-    def end(exhausted: bool) -> None:
-        close = getattr(iterator, "close", None)
-        if close is not None:
-            close()
-
-    return iterator, end
 
 
 def _fingerprint(data: Any) -> str:
@@ -257,28 +240,15 @@ class _Mix(FluidPipeline):
 
     def _items(self, mix: _MixPass) -> Iterator[Any]:
         """The pass's items: the draws' generator itself, which ends the pass (closes the sources and engines) when it ends."""
-        iterators: list[Iterator[Any]] = []
-        ends: list[Callable[[bool], None]] = []
-        try:
-            for source in mix.sources:
-                iterator, end = _open(source)
-                iterators.append(iterator)
-                ends.append(end)
-        except BaseException:  # a source that cannot start its pass: stop those started and the engines
-            for end in ends:
-                end(False)
-            for engine in mix.engines:
-                engine.close()
-            raise
+        iterators = [iter(source) for source in mix.sources]
         stop_publishing = self._worker_stats.publish(self._stats_box[0] or Stats())
-
-        def ran_out(i: int) -> None:
-            ends[i](True)
 
         def end_pass() -> None:
             stop_publishing()
-            for end in ends:
-                end(False)
+            for it in iterators:
+                close = getattr(it, "close", None)
+                if close is not None:
+                    close()
             for engine in mix.engines:
                 engine.close()
             # The pass stays readable for state_dict(), but keeps no engine (a lock, a thread): the mix pickles
@@ -291,7 +261,7 @@ class _Mix(FluidPipeline):
             if stats is not None and stats.concurrency:
                 self._tuned = stats.concurrency
 
-        return draw(iterators, mix.chooser, self.longest, mix.ended, end_pass, ran_out)
+        return draw(iterators, mix.chooser, self.longest, mix.ended, end_pass)
 
     # -- checkpoints -----------------------------------------------------------------------------------
     def _identity(self) -> dict[str, Any]:
