@@ -9,7 +9,9 @@
     reader)``, except that while the consumer is starving (nothing deliverable), exactly one designated
     reader may keep reading (the *overdraft*) so a sample larger than the free budget can complete (up to
     ``EngineConfig.max_sample_bytes``). Without that exception a budget smaller than the partial samples of
-    all readers would deadlock. Loop thread only.
+    all readers would deadlock. Where the consumer starves on several queues in turn (a mix's routes), the
+    overdraft passes to the reader it starves for now, and each route's reader it passed from keeps its partial
+    sample: at most one sample over the limit per route. Loop thread only.
 """
 
 from __future__ import annotations
@@ -88,10 +90,19 @@ class ByteBudget:
     async def wait_for_room(self, owner: object, channel: Starving) -> None:
         """Return once ``owner`` may read another chunk."""
         while self.used >= self.limit:
-            if channel.starving_for(owner) and self._overdraft_holder in (None, owner):
+            if channel.starving_for(owner) and self._may_overdraw(owner, channel):
                 self._overdraft_holder = owner
                 return
             await self.changed()
+
+    def _may_overdraw(self, owner: object, channel: Starving) -> bool:
+        """The overdraft is ``owner``'s to take: nobody holds it, ``owner`` does, or its holder is no longer a
+        reader the consumer starves for. The last happens where the consumer takes from several queues in turn
+        (a mix's routes): it starved on one route, whose reader took the overdraft and then waits for room again,
+        and now starves on another. Kept by the first holder until a sample is put, the overdraft would wait
+        for a put that no reader can make once every other reader waits for room: the engine hung."""
+        holder = self._overdraft_holder
+        return holder is None or holder is owner or not channel.starving_for(holder)
 
     async def changed(self) -> None:
         """Wait for the next :meth:`wake` (a release, or the consumer starving): callers re-check their
