@@ -31,8 +31,8 @@ How much each source prefetches
         source's next item sat read in the buffer from the moment there was room: twenty sources' items plus their
         next ones, 43 shards of 2 MiB at a level of 7, which a 64 MiB budget cannot hold, so the most drawn source's
         next read waited for room until its consumer starved (a slow consumer's mix waited 1.9-4.2x as long as one
-        dataset's). With the default budget a rare source's two lists are larger than its shards of up to a
-        megabyte or so, and nothing changes.
+        dataset's). With the default 256 MiB and the twenty sources of ``benchmarks.mix``, a rare source's two lists
+        (about 2.6 MiB) hold more than its shard of 2 MiB, and the rule does not bind.
 
 Hand-off
     A route's consumer takes its samples in lists, as a single dataset's does, and holds each list until it has used
