@@ -11,7 +11,7 @@ import asyncio
 import math
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -326,55 +326,6 @@ def test_a_routes_order_is_set_when_its_items_are_dispatched_not_when_they_get_t
     assert [x.id for x in got if isinstance(x, ItemDone)] == list(range(len(paths)))  # type: ignore[attr-defined]
     alone = ({k: v for k, v in x.items() if k != "__local_path__"} for x in wds.WebDataset(paths))
     assert sample_digest([x for x in got if not isinstance(x, ItemDone)]) == sample_digest(alone)  # type: ignore[misc]
-
-
-def test_under_a_full_buffer_a_route_submits_its_item_ahead_only_when_it_runs_low(tmp_path: Path) -> None:
-    """With the buffer three quarters full, a route's item ahead of its readers waits until the route has fewer
-    bytes buffered than two of its lists. Submitted as soon as an item ended (a first version), every source of a
-    mix kept its next item read in the buffer, more than a tight budget holds (see the module's docstring). Here
-    route 1 holds 8 of the 13 MiB and is left alone; route 0 reads items of 2 MiB, two at a time, and must get
-    every sample in order without submitting an item while the buffer is full and it has two lists buffered."""
-    rare = [str(p) for p in make_shards(tmp_path / "a", n_shards=5, shard_bytes=2 << 20, sample_bytes=128 << 10,
-                                        seed=11)]
-    common = [str(p) for p in make_shards(tmp_path / "b", n_shards=1, shard_bytes=8 << 20, sample_bytes=128 << 10,
-                                          seed=12)]
-    spec = StreamSpec(wds.EngineConfig(max_connections=2, max_buffered_bytes=13 << 20, deterministic=True))
-    engine = SharedEngine(spec, Stats(), [0.05, 0.95])
-    engine.stats.concurrency = 2
-    assert engine.window(0) == 2  # at most 2 connections: the same at any level
-    lead = 2 * engine.handoff(0)
-    assert lead < (2 << 20) - engine.handoff(0)  # an item buffered, less a list, is more than two lists
-    bridge, feed = engine._started()
-    channel = bridge.channel
-    assert isinstance(channel, RoutedChannel)
-    budget = channel.budget
-    submits: list[tuple[int, bool]] = []  # route 0's submits after its first two: (bytes buffered, buffer full)
-    submit = feed.submit
-
-    def watched(items: Sequence[WorkItem]) -> None:
-        for item in items:
-            if item.route == 0 and item.id >= 2:
-                submits.append((channel.buffered(0), budget.used >= 0.75 * budget.limit))
-        submit(items)
-
-    feed.submit = watched  # type: ignore[method-assign]
-    try:
-        hog = engine.batches(iter(wds.WebDataset(common).work_items()), 1)
-        got = next(hog)  # route 1 reads its one item and keeps it in the buffer
-        assert wait_until(lambda: channel.ended[1] == 1)
-        stream = engine.batches(iter(wds.WebDataset(rare).work_items()), 0)
-        got = next(stream)
-        assert wait_until(lambda: channel.ended[0] == 2)  # two items of route 0 read: the buffer is full
-        assert budget.used >= 0.75 * budget.limit
-        got += [x for batch in stream for x in batch]
-        assert [x.id for x in got if isinstance(x, ItemDone)] == list(range(5))  # type: ignore[attr-defined]
-        alone = ({k: v for k, v in x.items() if k != "__local_path__"} for x in wds.WebDataset(rare))
-        assert sample_digest([x for x in got if not isinstance(x, ItemDone)]) == sample_digest(alone)  # type: ignore[misc]
-        assert len(submits) == 3
-        assert [(buffered, full) for buffered, full in submits if full and buffered >= lead] == []
-        hog.close()
-    finally:
-        engine.close()
 
 
 def test_a_mix_of_twenty_sources_under_a_tight_budget_delivers_every_sample(tmp_path: Path) -> None:

@@ -277,10 +277,6 @@ class RoutedChannel(SampleChannel):
         #: Per route, the items whose read ended (closed by the engine, done or failed): written by the loop,
         #: read by the route's consumer to tell items still being read from items waiting in the buffer.
         self.ended = [0] * routes
-        #: Per route, the bytes of the samples put (written by the loop) and taken (written by the route's
-        #: consumer): their difference is what the route has buffered ahead of its consumer (a hint, read unlocked).
-        self.put_bytes = [0] * routes
-        self.taken_bytes = [0] * routes
 
     def _targets(self, token: object) -> list[SampleChannel]:
         route = self._route_of.get(token)
@@ -299,7 +295,6 @@ class RoutedChannel(SampleChannel):
         if route is None:
             raise ValueError("a sample put into a routed channel under a token opened without a route")
         self.routes[route].put(token, sample, nbytes)
-        self.put_bytes[route] += nbytes
 
     def put_error(self, token: object, error: BaseException) -> None:
         if self.failure is None:
@@ -347,17 +342,7 @@ class RoutedChannel(SampleChannel):
                    starving: Callable[[], None]) -> tuple[list[Any], bool]:
         """:meth:`SampleChannel.take` from ``route``: its items in its order; ``done`` once it ended."""
         self.waiting = route
-        taken = self.taken_bytes
-
-        def counted(nbytes: int) -> None:
-            taken[route] += nbytes
-            release(nbytes)
-
-        return self.routes[route].take(max_items, max_bytes, timeout, counted, starving)
-
-    def buffered(self, route: int) -> int:
-        """The bytes of ``route``'s samples put and not yet taken (read unlocked: a hint)."""
-        return self.put_bytes[route] - self.taken_bytes[route]
+        return self.routes[route].take(max_items, max_bytes, timeout, release, starving)
 
     def statistics(self) -> dict[str, int]:
         total = {"queued_items": 0, "open_shards": 0}

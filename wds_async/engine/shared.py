@@ -23,17 +23,6 @@ How much each source prefetches
     dataset's. Once the buffer is three quarters full they count again: more reads would only wait for room, and
     a slow consumer's mix would fill its whole budget with read-ahead on top of its routes' hand-offs.
 
-    The item ahead under a full buffer
-        The ``1 +`` is the item after the one the consumer is on, so that it is read before it is needed. With the
-        buffer three quarters full, a route submits it only once it has fewer bytes buffered ahead of its consumer
-        than two of its hand-off lists (``LEAD_LISTS``): its consumer is then at most two takes from running out,
-        which for a rare source is thousands of the mix's samples, time enough for a read. Without this, every
-        source's next item sat read in the buffer from the moment there was room: twenty sources' items plus their
-        next ones, 43 shards of 2 MiB at a level of 7, which a 64 MiB budget cannot hold, so the most drawn source's
-        next read waited for room until its consumer starved (a slow consumer's mix waited 1.9-4.2x as long as one
-        dataset's). With the default 256 MiB and the twenty sources of ``benchmarks.mix``, a rare source's two lists
-        (about 2.6 MiB) hold more than its shard of 2 MiB, and the rule does not bind.
-
 Hand-off
     A route's consumer takes its samples in lists, as a single dataset's does, and holds each list until it has used
     it. Those bytes stay counted in the byte budget until the consumer asks for the route's next list, so however
@@ -84,10 +73,6 @@ MIN_HANDOFF = 64 << 10
 
 #: The buffer's fill above which a route counts its items waiting in the buffer against its window again.
 ROOM_FULL = 0.75
-
-#: Above ``ROOM_FULL``, a route submits the item ahead of its readers only once it has fewer bytes buffered than
-#: this many of its hand-off lists (see the module docstring).
-LEAD_LISTS = 2
 
 
 def _same_work(a: WorkItem, b: WorkItem) -> bool:
@@ -171,18 +156,15 @@ class SharedEngine:
         ended0 = self._ended_before.pop(route, channel.ended[route])
 
         budget = channel.budget
-        lead = LEAD_LISTS * self.handoff(route)
 
-        def short() -> bool:  # fewer items submitted than the window wants
-            window = self.window(route)
-            if budget.used >= ROOM_FULL * budget.limit:  # more reads would wait for room: count every item,
-                if channel.buffered(route) >= lead:  # and the item ahead waits until the route runs low
-                    window -= 1
-                return state["in_flight"] < window
-            return state["in_flight"] - max(0, channel.ended[route] - ended0 - state["seen"]) < window
+        def reading() -> int:
+            if budget.used >= ROOM_FULL * budget.limit:  # more reads would wait for room: count every item
+                return state["in_flight"]
+            return state["in_flight"] - max(0, channel.ended[route] - ended0 - state["seen"])
 
         def top_up() -> None:
-            while not state["exhausted"] and short():
+            window = self.window(route)
+            while not state["exhausted"] and reading() < window:
                 item = next(source, None)
                 if item is None:
                     state["exhausted"] = True
