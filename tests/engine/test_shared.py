@@ -120,7 +120,6 @@ def test_the_overdraft_passes_to_the_route_the_consumer_starves_on_now() -> None
         assert _take(channel, 0) == []  # back on route 0: a's turn again, b no longer starved for
         budget.wake()
         await asyncio.wait_for(again, 1)
-        again.result()
 
     asyncio.run(run())
 
