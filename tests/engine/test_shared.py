@@ -359,3 +359,34 @@ def test_a_mix_of_twenty_sources_under_a_tight_budget_delivers_every_sample(tmp_
             thread.join(60)
             assert not thread.is_alive(), f"the mix (seed {seed}) hung after {len(got)} of {len(expected)} samples"
             assert sorted(got) == expected
+
+
+@pytest.mark.parametrize("connections", [1, 2])
+@pytest.mark.parametrize("kind", ["round-robin", "random"])
+def test_a_mix_with_fixed_connections_under_a_small_budget_delivers_every_sample(
+        tmp_path: Path, kind: str, connections: int) -> None:
+    """A route's reader waiting for room gives its token back and keeps its stream, so a mix can hold more streams
+    open than ``max_connections``. With the http pool capped at ``max_connections``, readers the consumer did not wait
+    for held every connection while the one it waited for, token in hand, queued for a connection for good (both
+    kinds of mix, both settings, on the first pass)."""
+    for k in range(2):
+        make_shards(tmp_path / f"s{k}", n_shards=6, shard_bytes=96 << 10, sample_bytes=4 << 10, seed=100 + k)
+    local = wds.WebDataset(sorted(str(p) for p in tmp_path.glob("s*/shard-*.tar")), nodesplitter=None,
+                           workersplitter=None)
+    expected = sorted(sample_digest([{k: v for k, v in s.items() if k != "__local_path__"}]) for s in local)
+    with StoreProcess(tmp_path, Knobs(seed=3, ttfb=0.005)) as store:
+        sources = [wds.WebDataset(store.base_url + f"s{k}/shard-{{000000..000005}}.tar", max_buffered_bytes=256 << 10,
+                                  max_connections=connections, nodesplitter=None, workersplitter=None)
+                   for k in range(2)]
+        mix = (wds.RoundRobin(sources, longest=True) if kind == "round-robin" else
+               wds.RandomMix(sources, seed=0, longest=True))
+        got: list[tuple[int, str]] = []
+
+        def consume() -> None:
+            got.extend(sample_digest([sample]) for sample in mix)
+
+        thread = threading.Thread(target=consume, daemon=True)
+        thread.start()
+        thread.join(60)
+        assert not thread.is_alive(), f"the mix hung after {len(got)} of {len(expected)} samples"
+        assert sorted(got) == expected

@@ -121,7 +121,7 @@ class Bridge:
             channel = (RoutedChannel(budget, ordered=ordered, routes=self._routes) if self._routes else
                        SampleChannel(budget, ordered=ordered))
             spec = self._spec
-            backends = BackendSet(self._config, spec.backends, spec.backend_options)
+            backends = BackendSet(self._config, spec.backends, spec.backend_options, engine_capped=True)
             # Routes (a mix's sources) wait for their own consumers: a reader waiting for room gives its token
             # back meanwhile, so that the route the consumer waits on can always read (see Engine.run).
             engine = Engine(self._urls, spec, backends=backends, channel=channel, stats=self._stats,

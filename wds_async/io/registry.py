@@ -260,11 +260,19 @@ class BackendSet:
     ``overrides`` are instances to use as they are (tests, custom stores); ``options`` are
     ``backend_options`` in either form (see :func:`scheme_options`). Schemes that share a class and the
     same options (http and https) share one instance and therefore one connection pool.
+
+    ``engine_capped``: the set of an engine, whose limiter caps its requests. The built-in backends' connection
+    pools then take no cap of their own (``max_connections=0``), since an engine may hold more streams open than
+    its limiter's total: a mix's reader (or a node service session's) waiting for room in the byte budget gives its
+    token back and keeps its stream (engine/tokens.py). Capped at the total, those streams could hold every
+    connection while the reader the consumer waits for, token in hand, queued for one for good. Registered
+    factories still get ``max_connections``: their own cap must not bind below what such an engine holds open.
     """
 
     def __init__(self, config: EngineConfig, overrides: Mapping[str, Backend] | None = None,
-                 options: Mapping[str, Any] | None = None) -> None:
+                 options: Mapping[str, Any] | None = None, *, engine_capped: bool = False) -> None:
         self._config = config
+        self._engine_capped = engine_capped
         self._instances: dict[str, Backend] = dict(overrides or {})
         self._owned: dict[tuple[int, int], Backend] = {}
         self._nested, self._flat = _split(options)
@@ -288,8 +296,10 @@ class BackendSet:
     def _create(self, scheme: str, factory: Callable[..., Any], options: Mapping[str, Any]) -> Backend:
         accepted = _check(scheme, factory, options)
         config = self._config
-        settings = {"max_connections": config.connections, "connect_timeout": config.connect_timeout,
-                    "read_timeout": config.read_timeout, "chunk_bytes": config.chunk_bytes}
+        uncapped = self._engine_capped and scheme not in _CUSTOM  # see the class docstring
+        settings = {"max_connections": 0 if uncapped else config.connections,
+                    "connect_timeout": config.connect_timeout, "read_timeout": config.read_timeout,
+                    "chunk_bytes": config.chunk_bytes}
         backend = factory(**{k: v for k, v in settings.items() if accepted is None or k in accepted}, **options)
         if not isinstance(backend, Backend):
             raise TypeError(f"the {scheme}:// backend factory returned {type(backend).__name__}, which lacks "

@@ -175,7 +175,7 @@ class Service:
                 self._backend_users.pop(idle, None)
                 await old.aclose()
             found = self._backends[key] = BackendSet(self.config.replace(
-                **{name: getattr(config, name) for name in BACKEND_SETTINGS}), None, options)
+                **{name: getattr(config, name) for name in BACKEND_SETTINGS}), None, options, engine_capped=True)
         self._backend_users[key] = self._backend_users.get(key, 0) + 1
         return key, found
 
