@@ -390,3 +390,33 @@ def test_a_mix_with_fixed_connections_under_a_small_budget_delivers_every_sample
         thread.join(60)
         assert not thread.is_alive(), f"the mix hung after {len(got)} of {len(expected)} samples"
         assert sorted(got) == expected
+
+
+def test_a_mixs_next_item_takes_a_token_over_the_limit_when_the_consumer_starves_for_it(tmp_path: Path) -> None:
+    """One token, five sources, shards of 1 MiB read as ranged parts of 128 KiB under a 256 KiB budget: the helpers
+    reading parts ahead of their parser keep their token while they wait for room, and a source's next item, queued
+    for a token behind them, was the one the consumer waited for: the mix hung after 13 of 66 samples. Now that item
+    takes a token over the limit once the consumer starves for it."""
+    shape = {"big": (3, 1 << 20, 300 << 10), "mid": (4, 400 << 10, 40 << 10), "one": (1, 64 << 10, 8 << 10)}
+    groups = ["big", "mid", "big", "big", "one"]
+    for i, group in enumerate(groups):
+        n, shard_bytes, sample_bytes = shape[group]
+        make_shards(tmp_path / f"s{i}", n_shards=n, shard_bytes=shard_bytes, sample_bytes=sample_bytes, seed=100 + i)
+    local = wds.WebDataset(sorted(str(p) for p in tmp_path.glob("s*/shard-*.tar")), nodesplitter=None,
+                           workersplitter=None)
+    expected = sorted(sample_digest([{k: v for k, v in s.items() if k != "__local_path__"}]) for s in local)
+    with StoreProcess(tmp_path, Knobs(seed=1)) as store:
+        sources = [wds.WebDataset(store.base_url + f"s{i}/shard-{{000000..{shape[g][0] - 1:06d}}}.tar",
+                                  max_buffered_bytes=256 << 10, max_connections=1, part_bytes=128 << 10,
+                                  nodesplitter=None, workersplitter=None) for i, g in enumerate(groups)]
+        mix = wds.RandomMix(sources, [0.5 ** i for i in range(5)], seed=455, longest=True)
+        got: list[tuple[int, str]] = []
+
+        def consume() -> None:
+            got.extend(sample_digest([sample]) for sample in mix)
+
+        thread = threading.Thread(target=consume, daemon=True)
+        thread.start()
+        thread.join(60)
+        assert not thread.is_alive(), f"the mix hung after {len(got)} of {len(expected)} samples"
+        assert sorted(got) == expected

@@ -309,10 +309,11 @@ class Engine:
         """Read ``item`` once a token is free. It took its place in its route's order when it was dispatched, not
         when it gets its token: a token that frees up after the limiter handed one to a waiting task, and before
         that task runs, goes to whichever task asks first, which may be one dispatched later; opened at its token,
-        the later item would come first in a deterministic order."""
+        the later item would come first in a deterministic order. The item the consumer starves for takes its token
+        over the limit (``Tokens.first``)."""
         read = False
         try:
-            await self.limiter.acquire()
+            await self._tokens.first(token)
             try:
                 if not (self._outcomes.stopping or self.channel.abandoned or self._outcomes.route_ended(item)):
                     read = True

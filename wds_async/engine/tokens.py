@@ -16,6 +16,11 @@ request (429/503). Three rules keep those waits from costing throughput or hangi
   nearer the consumer than any item not started. And the item the consumer starves for takes a token over the
   limit rather than wait at all, as the byte budget lets that item overdraw it: readers waiting for room may hold
   every token, and they wait for the consumer, which waits for that item.
+* **The first token** of a mix's item (:meth:`Tokens.first`) is queued for in submission order, and taken over
+  the limit as soon as the consumer starves for that item. Tokens can be held while their holders wait on the
+  consumer (the helpers reading a large shard's ranged parts ahead of its parser keep theirs while they wait for
+  room); a mix whose consumer waited for a source's next item, queued behind them, hung for good (one token, five
+  sources, ranged parts).
 """
 
 from __future__ import annotations
@@ -52,6 +57,14 @@ class Tokens:
         except BaseException:
             self.limiter.overdraw()  # cancelled without a token: the reader's ``finally`` gives one back
             raise
+
+    async def first(self, token: object) -> None:
+        """Take the first token for the item of ``token`` (a routed item, opened in its route already): in turn, or
+        over the limit once the consumer starves for it (see the module docstring)."""
+        if self.channel.starving_for(token):
+            self.limiter.overdraw()
+        elif not await self.limiter.acquire_unless(lambda: self.channel.starving_for(token), REQUEUE_CHECK):
+            self.limiter.overdraw()
 
     async def requeue(self, token: object) -> None:
         """Before a throttled request of the item of ``token`` retries."""
