@@ -25,6 +25,8 @@ request (429/503). Three rules keep those waits from costing throughput or hangi
 
 from __future__ import annotations
 
+import functools
+
 from ..io.budget import ByteBudget
 from .channel import SampleChannel
 from .limiter import Limiter
@@ -61,9 +63,8 @@ class Tokens:
     async def first(self, token: object) -> None:
         """Take the first token for the item of ``token`` (a routed item, opened in its route already): in turn, or
         over the limit once the consumer starves for it (see the module docstring)."""
-        if self.channel.starving_for(token):
-            self.limiter.overdraw()
-        elif not await self.limiter.acquire_unless(lambda: self.channel.starving_for(token), REQUEUE_CHECK):
+        starved = functools.partial(self.channel.starving_for, token)
+        if starved() or not await self.limiter.acquire_unless(starved, REQUEUE_CHECK):
             self.limiter.overdraw()
 
     async def requeue(self, token: object) -> None:
