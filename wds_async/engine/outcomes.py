@@ -72,10 +72,7 @@ class Outcomes:
     def failed(self, token: object, item: WorkItem, exc: BaseException) -> None:
         """Route what ended an item: our own signals, else the error (in our tree) to the handler."""
         if isinstance(exc, ChannelClosed):
-            if self.channel.abandoned or item.route is None:
-                self.stopping = True
-            else:
-                self.ended_routes.add(item.route)  # that route's consumer left; the others go on
+            self._gone(item)
         elif isinstance(exc, Stop):
             self.channel.put_stop(token)
             self._end(item)
@@ -83,7 +80,19 @@ class Outcomes:
             self.channel.put_error(token, exc.error)
             self._end(item)
         elif self._shard_failed(token, item, translate(exc, url=redact_url(item.url))) and not self.channel.abandoned:
-            self.channel.put(token, ItemDone(item.id), 0)
+            try:
+                self.channel.put(token, ItemDone(item.id), 0)
+            except ChannelClosed:  # the item's route was left while the handler decided: as above
+                self._gone(item)
+
+    def _gone(self, item: WorkItem) -> None:
+        """The consumer of ``item`` left: the engine stops, or in a shared engine only the item's route ends (a
+        mix's source whose ``with_epoch`` was reached while a skipped shard of it was being read: raised out of
+        here, the closed route stopped the whole engine, and the other sources ended with an EngineError)."""
+        if self.channel.abandoned or item.route is None:
+            self.stopping = True
+        else:
+            self.ended_routes.add(item.route)  # that route's consumer left; the others go on
 
     def _shard_failed(self, token: object, item: WorkItem, exc: BaseException) -> bool:
         """Ask the handler about a failed item; True when it chose to skip it (and go on)."""
