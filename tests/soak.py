@@ -1,0 +1,258 @@
+"""A soak of random settings, run by hand: every pass must end, with every sample once, or with a clear error.
+
+    python -m tests.soak --seed 0 --trials 150             # passes: liveness, exactly once, clear errors
+    python -m tests.soak --mode resume --seed 0 --trials 60  # checkpoints at random points, resumed on fresh objects
+
+Each trial draws a configuration: a single dataset, a ``RandomMix`` or a ``RoundRobin`` of 2-5 sources over the
+emulated http store (well behaved; slow: 30 ms to first byte and 3 MB/s per connection; faulty: 503s and bodies
+cut short), budgets from 64 KiB (below the largest samples) to 32 MiB, 1-3 fixed connections or ``auto``, ranged
+parts, arrival order, shuffle buffers, ``resampled`` sources, a missing, truncated or corrupt shard with or without
+a handler, DataLoader workers, the node service, a shard cache. A pass that delivers nothing for 40 s is reported
+as a hang with every thread's stack, and the soak stops there (the engine's state is what to look at next).
+In ``resume`` mode the pieces read between checkpoints (through ``StatefulDataLoader`` when workers are drawn)
+must equal an uninterrupted pass. Prints one line per trial (``OK`` or ``BAD``); exits 1 if any was bad.
+
+``tests/engine/test_matrix.py`` runs a fixed draw of the same kind of settings in CI; this is the long version,
+which found the three hangs of a mix fixed on 2026-11-29 (see docs/design.md, *Mixes*).
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import json
+import os
+import random
+import shutil
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import wds_async as wds
+from benchmarks.make_shards import make_shards
+from emustore import Knobs, StoreProcess
+
+GROUPS = {"small": (6, 96 << 10, 4 << 10), "mid": (4, 400 << 10, 40 << 10), "big": (3, 1 << 20, 300 << 10),
+          "one": (1, 64 << 10, 8 << 10)}
+SOURCES = 5
+HANG_S = 40.0
+EPOCH = 20  # samples per resampled source (with_epoch)
+
+
+def _shards(root: Path) -> dict[tuple[str, int], int]:
+    """The groups' shards and three bad ones; the sample count of each group's source."""
+    counts = {}
+    for group, (n, shard_bytes, sample_bytes) in GROUPS.items():
+        for k in range(SOURCES):
+            make_shards(root / group / f"s{k}", n_shards=n, shard_bytes=shard_bytes, sample_bytes=sample_bytes,
+                        seed=100 + k)
+            manifest = json.loads((root / group / f"s{k}" / "manifest.json").read_text())
+            counts[(group, k)] = manifest["expected_samples"]
+    (root / "bad").mkdir(exist_ok=True)
+    good = root / "small" / "s0" / "shard-000000.tar"
+    data = good.read_bytes()
+    (root / "bad" / "trunc-000000.tar").write_bytes(data[:50000])
+    with tarfile.open(good) as tar:
+        header = tar.getmembers()[7].offset
+    corrupt = bytearray(data)
+    corrupt[header:header + 512] = b"\x07" * 512
+    (root / "bad" / "corrupt-000000.tar").write_bytes(bytes(corrupt))
+    return counts
+
+
+def _draw(rng: random.Random, resume: bool) -> dict[str, Any]:
+    kind = rng.choice(["mix", "mix", "round-robin"] if resume else ["mix", "mix", "round-robin", "single"])
+    cfg: dict[str, Any] = dict(
+        store=rng.choice(["clean", "faulty"] if resume else ["clean", "slow", "faulty"]), kind=kind,
+        groups=[rng.choice(list(GROUPS)) for _ in range(1 if kind == "single" else rng.choice([2, 3, 5]))],
+        budget=rng.choice([64 << 10, 256 << 10, 1 << 20, 4 << 20, 32 << 20]), longest=rng.random() < 0.7,
+        ordered=resume or rng.random() < 0.8, shuffle=rng.choice([0, 0, 10]), connections=rng.choice(["auto", 1, 3]),
+        parts=rng.choice([None, None, 128 << 10]), geometric=rng.random() < 0.5, seed=rng.randrange(1000),
+        workers=rng.choice([0, 0, 0, 2]), resampled=rng.random() < 0.2, sleep=rng.choice([0, 0, 0.0005]))
+    if resume:
+        cfg.update(cuts=sorted(rng.sample(range(1, 60), rng.choice([1, 2]))), bad=None, handled=False,
+                   service=False, cache=False)
+    else:
+        cfg.update(bad=rng.choice([None, None, "nothere", "trunc", "corrupt"]), handled=rng.random() < 0.5,
+                   service=rng.random() < 0.15, cache=rng.random() < 0.15)
+        cfg["cache"] = cfg["cache"] and not cfg["service"]
+    return cfg
+
+
+def _keyed(source: int) -> Callable[[dict[str, Any]], tuple[int, str]]:
+    return lambda s: (source, s["__url__"].rsplit("/", 1)[-1] + "/" + s["__key__"])
+
+
+def _build(cfg: dict[str, Any], base: str, service: str | None, cache: str | None) -> Any:
+    sources = []
+    for i, group in enumerate(cfg["groups"]):
+        urls = [base + f"{group}/s{i}/shard-{j:06d}.tar" for j in range(GROUPS[group][0])]
+        if cfg["bad"] and i == len(cfg["groups"]) - 1:
+            urls.insert(len(urls) // 2, base + f"bad/{cfg['bad']}-000000.tar")
+        options: dict[str, Any] = dict(
+            max_buffered_bytes=cfg["budget"], max_connections=cfg["connections"], part_bytes=cfg["parts"],
+            deterministic=cfg["ordered"], nodesplitter=None, resampled=cfg["resampled"],
+            detshuffle=cfg["resampled"], seed=cfg["seed"] + i,
+            handler=wds.ignore_and_continue if cfg["handled"] else None)
+        if not cfg["workers"]:
+            options["workersplitter"] = None
+        if service:
+            options["service"] = service
+        if cache:
+            options["cache_dir"] = cache
+        ds = wds.WebDataset(urls, **options)
+        if cfg["resampled"]:
+            ds = ds.with_epoch(EPOCH)
+        if cfg["shuffle"]:
+            ds = ds.shuffle(cfg["shuffle"], seed=cfg["seed"] + 7 * i)
+        sources.append(ds.map(_keyed(i)))
+    if cfg["kind"] == "single":
+        return sources[0]
+    if cfg["kind"] == "round-robin":
+        return wds.RoundRobin(sources, longest=cfg["longest"])
+    weights = [0.5 ** i if cfg["geometric"] else 1.0 for i in range(len(sources))]
+    return wds.RandomMix(sources, weights, seed=cfg["seed"], longest=cfg["longest"])
+
+
+class _Watch:
+    """Reports a hang (no sample for HANG_S) with every thread's stack, and ends the process."""
+
+    def __init__(self, label: str) -> None:
+        self.label, self.last, self.count = label, time.monotonic(), 0
+        self._stop = threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def tick(self) -> None:
+        self.last, self.count = time.monotonic(), self.count + 1
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            if time.monotonic() - self.last > HANG_S:
+                print(f"HANG after {self.count} samples: {self.label}", flush=True)
+                faulthandler.dump_traceback(all_threads=True)
+                os._exit(3)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def _loader(data: Any, workers: int) -> Any:
+    if not workers:
+        return data
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    return StatefulDataLoader(data, batch_size=None, num_workers=workers)
+
+
+def _pass(cfg: dict[str, Any], counts: dict[tuple[str, int], int], base: str, service: str | None) -> str | None:
+    """One pass; what is wrong with it, or None."""
+    cache = tempfile.mkdtemp(prefix="soak-cache-") if cfg["cache"] else None
+    watch = _Watch(json.dumps(cfg))
+    got: list[tuple[int, str]] = []
+    error: BaseException | None = None
+    try:
+        for sample, key in _loader(_build(cfg, base, service if cfg["service"] else None, cache), cfg["workers"]):
+            got.append((int(sample), key))
+            watch.tick()
+            if cfg["sleep"]:
+                time.sleep(cfg["sleep"])
+    except Exception as exc:
+        error = exc
+    finally:
+        watch.stop()
+        if cache:
+            shutil.rmtree(cache, ignore_errors=True)
+    whole = cfg["kind"] == "single" or cfg["longest"]
+    if cfg["bad"] and not cfg["handled"] and not cfg["resampled"] and whole:
+        return None if error is not None and cfg["bad"] in str(error) else f"no error naming the bad shard: {error!r}"
+    if error is not None and not (cfg["bad"] and not cfg["handled"] and cfg["bad"] in str(error)):
+        return f"error: {type(error).__name__}: {error}"
+    if not cfg["resampled"] and len(got) != len(set(got)):
+        return f"{len(got) - len(set(got))} samples twice"
+    per = [sum(1 for s, _ in got if s == i) for i in range(len(cfg["groups"]))]
+    want = [EPOCH * (cfg["workers"] or 1) if cfg["resampled"] else counts[(g, i)] for i, g in enumerate(cfg["groups"])]
+    if cfg["bad"] or not whole:
+        return None if cfg["bad"] or all(p <= w for p, w in zip(per, want)) else f"per source {per}, at most {want}"
+    return None if per == want else f"per source {per}, expected {want}"
+
+
+def _resumed(cfg: dict[str, Any], base: str) -> str | None:
+    """An uninterrupted pass against the pieces between checkpoints; what differs, or None."""
+    watch = _Watch(json.dumps(cfg))
+    try:
+        full = []
+        for sample, key in _loader(_build(cfg, base, None, None), cfg["workers"]):
+            full.append((int(sample), key))
+            watch.tick()
+        pieces: list[tuple[int, str]] = []
+        state = None
+        for cut in [c for c in cfg["cuts"] if c < len(full)] + [None]:
+            loader = _loader(_build(cfg, base, None, None), cfg["workers"])
+            if state is not None:
+                loader.load_state_dict(state)
+            it = iter(loader)
+            while cut is None or len(pieces) < cut:
+                try:
+                    sample, key = next(it)
+                except StopIteration:
+                    break
+                pieces.append((int(sample), key))
+                watch.tick()
+            if cut is not None:
+                state = loader.state_dict()
+            del it, loader
+    finally:
+        watch.stop()
+    if pieces == full:
+        return None
+    at = next((i for i, (a, b) in enumerate(zip(pieces, full)) if a != b), min(len(pieces), len(full)))
+    return f"pieces differ from the uninterrupted pass at sample {at} ({len(pieces)} against {len(full)})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--mode", choices=("pass", "resume"), default="pass")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trials", type=int, default=50)
+    p.add_argument("--service-connections", type=int, default=4, help="max_connections of the node service")
+    args = p.parse_args(argv)
+    rng = random.Random(args.seed)
+    bad = 0
+    with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
+        root = Path(tmp) / "shards"
+        counts = _shards(root)
+        knobs = {"clean": Knobs(seed=1, ttfb=0.002), "slow": Knobs(seed=2, ttfb=0.03, bw=3e6),
+                 "faulty": Knobs(seed=3, ttfb=0.005, fail_rate=0.08, drop_rate=0.05)}
+        stores = {name: StoreProcess(root, k) for name, k in knobs.items()}
+        service = None
+        try:
+            for store in stores.values():
+                store.__enter__()
+            if args.mode == "pass":
+                from wds_async.service import start_service
+                service = start_service(os.path.join(tmp, "svc.sock"), max_connections=args.service_connections)
+                service.__enter__()
+            for trial in range(args.trials):
+                cfg = _draw(rng, args.mode == "resume")
+                started = time.monotonic()
+                base = stores[cfg["store"]].base_url
+                wrong = (_resumed(cfg, base) if args.mode == "resume" else
+                         _pass(cfg, counts, base, service.url if service else None))
+                bad += wrong is not None
+                print("OK " if wrong is None else "BAD", trial, f"{time.monotonic() - started:.2f}s", wrong or "",
+                      json.dumps(cfg), flush=True)
+        finally:
+            if service is not None:
+                service.__exit__(None, None, None)
+            for store in stores.values():
+                store.__exit__(None, None, None)
+    print(f"{args.trials - bad} of {args.trials} trials passed", flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
