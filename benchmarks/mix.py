@@ -65,6 +65,7 @@ mem = PeakMemory()
 import threading
 seen = {"open": [], "conc": [], "buffered": []}
 done = threading.Event()
+
 def watch():  # the engine's live counters (a private handle: diagnosis only), every 10 ms
     while not done.wait(0.01):
         st = data._stats_box[0]
@@ -119,6 +120,8 @@ print(json.dumps({"samples": n, "wall_s": wall, "samples_per_s": n / wall, "wait
 
 PHASES = ("slow", "fast")
 KINDS = ("mix", "single")
+#: A round whose mix waited this many times its single dataset's is reported with its longest waits.
+STALL_RATIO = 2.0
 
 
 def weights_for(n: int, wmax: float, wmin: float) -> list[float]:
@@ -256,6 +259,15 @@ def main(argv: list[str] | None = None) -> int:
               f"{s1['next_cpu_us']:.1f} us (the rest of the wait: blocked on the engine, or on the GIL)")
     for v in verdicts:
         print(v)
+    # A round far off the others (a stall) says where it waited even without --detail: kept in the output, since
+    # such rounds came once in several runs and were lost when only the last round was detailed.
+    for ph in phases:
+        for k, (m, s) in enumerate(zip(runs[ph]["mix"], runs[ph]["single"])):
+            if s["wait_s"] > 0 and m["wait_s"] / s["wait_s"] > STALL_RATIO:
+                worst = sorted(m["long_waits"], key=lambda x: -x[2])[:8]
+                print(f"{ph} round {k + 1}: the mix waited {m['wait_s']:.2f} s against {s['wait_s']:.2f} (engine "
+                      f"{m['engine_wait_s']:.2f} s, ended at {m['concurrency']} connections); its longest waits "
+                      f"(s into the run, source, s): {worst}")
     if args.detail:
         for ph in phases:
             r = runs[ph]["mix"][-1]
