@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -361,6 +362,26 @@ def test_a_mix_of_twenty_sources_under_a_tight_budget_delivers_every_sample(tmp_
             assert sorted(got) == expected
 
 
+def _local_digests(root: Path) -> list[tuple[int, str]]:
+    """The digest of every sample of the shards under ``root`` (``s*/shard-*.tar``), sorted."""
+    local = wds.WebDataset(sorted(str(p) for p in root.glob("s*/shard-*.tar")), nodesplitter=None, workersplitter=None)
+    return sorted(sample_digest([{k: v for k, v in s.items() if k != "__local_path__"}]) for s in local)
+
+
+def _every_sample_once(mix: Any, expected: list[tuple[int, str]]) -> None:
+    """Iterate ``mix`` in a thread that must end within 60 s, with ``expected`` (sorted digests) exactly."""
+    got: list[tuple[int, str]] = []
+
+    def consume() -> None:
+        got.extend(sample_digest([sample]) for sample in mix)
+
+    thread = threading.Thread(target=consume, daemon=True)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), f"the mix hung after {len(got)} of {len(expected)} samples"
+    assert sorted(got) == expected
+
+
 @pytest.mark.parametrize("connections", [1, 2])
 @pytest.mark.parametrize("kind", ["round-robin", "random"])
 def test_a_mix_with_fixed_connections_under_a_small_budget_delivers_every_sample(
@@ -371,25 +392,14 @@ def test_a_mix_with_fixed_connections_under_a_small_budget_delivers_every_sample
     kinds of mix, both settings, on the first pass)."""
     for k in range(2):
         make_shards(tmp_path / f"s{k}", n_shards=6, shard_bytes=96 << 10, sample_bytes=4 << 10, seed=100 + k)
-    local = wds.WebDataset(sorted(str(p) for p in tmp_path.glob("s*/shard-*.tar")), nodesplitter=None,
-                           workersplitter=None)
-    expected = sorted(sample_digest([{k: v for k, v in s.items() if k != "__local_path__"}]) for s in local)
+    expected = _local_digests(tmp_path)
     with StoreProcess(tmp_path, Knobs(seed=3, ttfb=0.005)) as store:
         sources = [wds.WebDataset(store.base_url + f"s{k}/shard-{{000000..000005}}.tar", max_buffered_bytes=256 << 10,
                                   max_connections=connections, nodesplitter=None, workersplitter=None)
                    for k in range(2)]
         mix = (wds.RoundRobin(sources, longest=True) if kind == "round-robin" else
                wds.RandomMix(sources, seed=0, longest=True))
-        got: list[tuple[int, str]] = []
-
-        def consume() -> None:
-            got.extend(sample_digest([sample]) for sample in mix)
-
-        thread = threading.Thread(target=consume, daemon=True)
-        thread.start()
-        thread.join(60)
-        assert not thread.is_alive(), f"the mix hung after {len(got)} of {len(expected)} samples"
-        assert sorted(got) == expected
+        _every_sample_once(mix, expected)
 
 
 def test_a_mixs_next_item_takes_a_token_over_the_limit_when_the_consumer_starves_for_it(tmp_path: Path) -> None:
@@ -402,21 +412,10 @@ def test_a_mixs_next_item_takes_a_token_over_the_limit_when_the_consumer_starves
     for i, group in enumerate(groups):
         n, shard_bytes, sample_bytes = shape[group]
         make_shards(tmp_path / f"s{i}", n_shards=n, shard_bytes=shard_bytes, sample_bytes=sample_bytes, seed=100 + i)
-    local = wds.WebDataset(sorted(str(p) for p in tmp_path.glob("s*/shard-*.tar")), nodesplitter=None,
-                           workersplitter=None)
-    expected = sorted(sample_digest([{k: v for k, v in s.items() if k != "__local_path__"}]) for s in local)
+    expected = _local_digests(tmp_path)
     with StoreProcess(tmp_path, Knobs(seed=1)) as store:
         sources = [wds.WebDataset(store.base_url + f"s{i}/shard-{{000000..{shape[g][0] - 1:06d}}}.tar",
                                   max_buffered_bytes=256 << 10, max_connections=1, part_bytes=128 << 10,
                                   nodesplitter=None, workersplitter=None) for i, g in enumerate(groups)]
         mix = wds.RandomMix(sources, [0.5 ** i for i in range(5)], seed=455, longest=True)
-        got: list[tuple[int, str]] = []
-
-        def consume() -> None:
-            got.extend(sample_digest([sample]) for sample in mix)
-
-        thread = threading.Thread(target=consume, daemon=True)
-        thread.start()
-        thread.join(60)
-        assert not thread.is_alive(), f"the mix hung after {len(got)} of {len(expected)} samples"
-        assert sorted(got) == expected
+        _every_sample_once(mix, expected)
