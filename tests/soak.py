@@ -13,7 +13,7 @@ In ``resume`` mode the pieces read between checkpoints (through ``StatefulDataLo
 must equal an uninterrupted pass. Prints one line per trial (``OK`` or ``BAD``); exits 1 if any was bad.
 
 ``tests/engine/test_matrix.py`` runs a fixed draw of the same kind of settings in CI; this is the long version,
-which found the three hangs of a mix fixed on 2026-11-29 (see docs/design.md, *Mixes*).
+which found two hangs and an engine stop of a mix, fixed on 2026-11-29 (see docs/design.md, *Mixes*).
 """
 
 from __future__ import annotations
