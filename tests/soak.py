@@ -2,15 +2,17 @@
 
     python -m tests.soak --seed 0 --trials 150             # passes: liveness, exactly once, clear errors
     python -m tests.soak --mode resume --seed 0 --trials 60  # checkpoints at random points, resumed on fresh objects
+    python -m tests.soak --s3 --seed 0 --trials 100          # and a fourth store: the shards on moto (s3://)
 
 Each trial draws a configuration: a single dataset, a ``RandomMix`` or a ``RoundRobin`` of 2-5 sources over the
-emulated http store (well behaved; slow: 30 ms to first byte and 3 MB/s per connection; faulty: 503s and bodies
-cut short), budgets from 64 KiB (below the largest samples) to 32 MiB, 1-3 fixed connections or ``auto``, ranged
-parts, arrival order, shuffle buffers, ``resampled`` sources, a missing, truncated or corrupt shard with or without
-a handler, DataLoader workers, the node service, a shard cache. A pass that delivers nothing for 40 s is reported
-as a hang with every thread's stack, and the soak stops there (the engine's state is what to look at next).
-In ``resume`` mode the pieces read between checkpoints (through ``StatefulDataLoader`` when workers are drawn)
-must equal an uninterrupted pass. Prints one line per trial (``OK`` or ``BAD``); exits 1 if any was bad.
+emulated http store (well behaved; slow: 30 ms to first byte and 3 MB/s per connection; faulty: 503s and bodies cut
+short; with ``--s3`` also moto's S3 in server mode), budgets from 64 KiB (below the largest samples) to 32 MiB, 1-3
+fixed connections or ``auto``, ranged parts, arrival order, shuffle buffers, ``resampled`` sources, a missing,
+truncated or corrupt shard with or without a handler, DataLoader workers, the node service, a shard cache. A pass
+that delivers nothing for 40 s is reported as a hang with every thread's stack, and the soak stops there (the
+engine's state is what to look at next). In ``resume`` mode the pieces read between checkpoints (through
+``StatefulDataLoader`` when workers are drawn) must equal an uninterrupted pass. Prints one line per trial (``OK``
+or ``BAD``); exits 1 if any was bad.
 
 ``tests/engine/test_matrix.py`` runs a fixed draw of the same kind of settings in CI; this is the long version,
 which found two hangs and an engine stop of a mix, fixed on 2026-11-29 (see docs/design.md, *Mixes*).
@@ -36,6 +38,7 @@ from typing import Any
 import wds_async as wds
 from benchmarks.make_shards import make_shards
 from emustore import Knobs, StoreProcess
+from emustore.emulators import MOTO_ENV, moto_server
 
 GROUPS = {"small": (6, 96 << 10, 4 << 10), "mid": (4, 400 << 10, 40 << 10), "big": (3, 1 << 20, 300 << 10),
           "one": (1, 64 << 10, 8 << 10)}
@@ -65,10 +68,25 @@ def _shards(root: Path) -> dict[tuple[str, int], int]:
     return counts
 
 
-def _draw(rng: random.Random, resume: bool) -> dict[str, Any]:
+def _upload(root: Path, endpoint: str) -> str:
+    """Every shard under ``root`` into a bucket of the moto server at ``endpoint``; the base URL of the copies. The
+    environment then points every S3 client at it (DataLoader workers and the node service, started after, too)."""
+    import boto3
+
+    os.environ.update({**MOTO_ENV, "AWS_ENDPOINT_URL_S3": endpoint})
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    client.create_bucket(Bucket="soak")
+    for path in sorted(root.rglob("*.tar")):
+        client.upload_file(str(path), "soak", str(path.relative_to(root)))
+    return "s3://soak/"
+
+
+def _draw(rng: random.Random, resume: bool, s3: bool) -> dict[str, Any]:
+    stores = ["clean", "faulty"] if resume else ["clean", "slow", "faulty"]
+    stores += ["s3"] if s3 else []
     kind = rng.choice(["mix", "mix", "round-robin"] if resume else ["mix", "mix", "round-robin", "single"])
     cfg: dict[str, Any] = dict(
-        store=rng.choice(["clean", "faulty"] if resume else ["clean", "slow", "faulty"]), kind=kind,
+        store=rng.choice(stores), kind=kind,
         groups=[rng.choice(list(GROUPS)) for _ in range(1 if kind == "single" else rng.choice([2, 3, 5]))],
         budget=rng.choice([64 << 10, 256 << 10, 1 << 20, 4 << 20, 32 << 20]), longest=rng.random() < 0.7,
         ordered=resume or rng.random() < 0.8, shuffle=rng.choice([0, 0, 10]), connections=rng.choice(["auto", 1, 3]),
@@ -219,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trials", type=int, default=50)
     p.add_argument("--service-connections", type=int, default=4, help="max_connections of the node service")
+    p.add_argument("--s3", action="store_true", help="also draw the shards from moto in server mode (s3://)")
     args = p.parse_args(argv)
     rng = random.Random(args.seed)
     bad = 0
@@ -229,17 +248,21 @@ def main(argv: list[str] | None = None) -> int:
                  "faulty": Knobs(seed=3, ttfb=0.005, fail_rate=0.08, drop_rate=0.05)}
         stores = {name: StoreProcess(root, k) for name, k in knobs.items()}
         service = None
+        bases = {}
+        s3 = moto_server() if args.s3 else None
         try:
-            for store in stores.values():
-                store.__enter__()
+            for name, store in stores.items():
+                bases[name] = store.__enter__().base_url
+            if s3 is not None:
+                bases["s3"] = _upload(root, s3.__enter__())
             if args.mode == "pass":
                 from wds_async.service import start_service
                 service = start_service(os.path.join(tmp, "svc.sock"), max_connections=args.service_connections)
                 service.__enter__()
             for trial in range(args.trials):
-                cfg = _draw(rng, args.mode == "resume")
+                cfg = _draw(rng, args.mode == "resume", args.s3)
                 started = time.monotonic()
-                base = stores[cfg["store"]].base_url
+                base = bases[cfg["store"]]
                 wrong = (_resumed(cfg, base) if args.mode == "resume" else
                          _pass(cfg, counts, base, service.url if service else None))
                 bad += wrong is not None
@@ -250,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
                 service.__exit__(None, None, None)
             for store in stores.values():
                 store.__exit__(None, None, None)
+            if s3 is not None:
+                s3.__exit__(None, None, None)
     print(f"{args.trials - bad} of {args.trials} trials passed", flush=True)
     return 1 if bad else 0
 
