@@ -65,7 +65,6 @@ mem = PeakMemory()
 import threading
 seen = {"open": [], "conc": [], "buffered": []}
 done = threading.Event()
-
 def watch():  # the engine's live counters (a private handle: diagnosis only), every 10 ms
     while not done.wait(0.01):
         st = data._stats_box[0]
