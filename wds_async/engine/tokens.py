@@ -55,7 +55,7 @@ class Tokens:
         self.limiter.release()
         try:
             await budget.wait_for_room(token, channel)
-            await self._back(token)
+            await self._queue(token, front=True)
         except BaseException:
             self.limiter.overdraw()  # cancelled without a token: the reader's ``finally`` gives one back
             raise
@@ -63,9 +63,10 @@ class Tokens:
     async def first(self, token: object) -> None:
         """Take the first token for the item of ``token`` (a routed item, opened in its route already): in turn, or
         over the limit once the consumer starves for it (see the module docstring)."""
-        starved = functools.partial(self.channel.starving_for, token)
-        if starved() or not await self.limiter.acquire_unless(starved, REQUEUE_CHECK):
+        if self.channel.starving_for(token):
             self.limiter.overdraw()
+        else:
+            await self._queue(token, front=False)
 
     async def requeue(self, token: object) -> None:
         """Before a throttled request of the item of ``token`` retries."""
@@ -73,12 +74,14 @@ class Tokens:
             return  # within the limit: keep the token, so that a retry never lets another item start
         self.limiter.release()
         try:
-            await self._back(token)
+            await self._queue(token, front=True)
         except BaseException:
             self.limiter.overdraw()  # cancelled without a token: the reader's ``finally`` gives one back
             raise
 
-    async def _back(self, token: object) -> None:
-        """Queue for a token again, at the front; the item the consumer starves for takes one over the limit."""
-        if not await self.limiter.acquire_unless(lambda: self.channel.starving_for(token), REQUEUE_CHECK, first=True):
+    async def _queue(self, token: object, *, front: bool) -> None:
+        """Queue for a token for the item of ``token`` (``front``: ahead of items not started); once the consumer
+        starves for that item, it takes one over the limit instead."""
+        starved = functools.partial(self.channel.starving_for, token)
+        if not await self.limiter.acquire_unless(starved, REQUEUE_CHECK, first=front):
             self.limiter.overdraw()
