@@ -6,7 +6,7 @@ here: budgets below one sample, one to three fixed connections, ranged parts, a 
 bodies short, shuffle buffers, arrival order, and a missing, truncated or corrupt shard with and without a handler.
 Two hangs of a mix were found by a longer run of this generator (2026-11-29): a connection pool capped at
 ``max_connections`` held whole by readers waiting for room, and a source's next item queued for a token behind
-helpers of ranged parts (both have their own tests in test_shared.py).
+helpers of ranged parts (both have their own tests in test_mix_hangs.py).
 """
 
 from __future__ import annotations
