@@ -23,7 +23,8 @@ Reported per loader and phase (medians over ``--rounds``): samples/s, the consum
 on the engine), the ratio mix/single of the measured wait (and of each round's pair, mix then single: the spread a
 median of a few rounds hides), the first sample, peak buffered bytes and peak anonymous resident memory above the
 post-import baseline (:mod:`benchmarks.peakmem`), and the consumer thread's own CPU inside ``next()`` per sample
-(``time.thread_time()``: what the mix's layers cost the consumer). Targets checked: the mix's wait within 10% of
+(``time.thread_time()``: what the mix's layers cost the consumer); for the fast phase, when the 200th and the
+1,500th samples came (the start of a pass, where every source starts and the autotuner has not ramped). Targets checked: the mix's wait within 10% of
 the single dataset's (ratio <= 1.10), and peak memory within one budget + 64 MB. Each child's concurrency
 and the autotuner's reason are printed as it ends.
 
@@ -80,6 +81,8 @@ long_waits = []
 n = 0
 wait = 0.0
 cpu = 0.0  # of that wait, the consumer thread's own CPU (the rest: blocked on the engine, or waiting for the GIL)
+MARKS = (200, 1500)  # the start of a pass: when the consumer had its 200th and 1,500th samples
+at = {}
 started = time.perf_counter()
 it = iter(data)
 while True:
@@ -100,6 +103,8 @@ while True:
     if n == 0:
         first = time.perf_counter() - started
     n += 1
+    if n in MARKS:
+        at[n] = time.perf_counter() - started
     if sleep:
         time.sleep(sleep)
 wall = time.perf_counter() - started
@@ -107,7 +112,7 @@ done.set()
 above = mem.stop()
 mean = lambda xs: sum(xs) / len(xs) if xs else 0.0
 st = data.stats()
-print(json.dumps({"samples": n, "wall_s": wall, "samples_per_s": n / wall, "wait_s": wait, "first_s": first, "next_cpu_s": cpu, "next_cpu_us": cpu / n * 1e6, "first_cpu_s": first_cpu,
+print(json.dumps({"samples": n, "wall_s": wall, "samples_per_s": n / wall, "wait_s": wait, "first_s": first, "next_cpu_s": cpu, "next_cpu_us": cpu / n * 1e6, "first_cpu_s": first_cpu, "at_200_s": at.get(200, wall), "at_1500_s": at.get(1500, wall),
                   "engine_wait_s": st["wait_s"], "engine_first_s": st["first_sample_s"],
                   "mb_s": st["bytes_read"] / wall / 1e6, "concurrency": st["concurrency"],
                   "reason": st["concurrency_reason"], "peak_buffered": st["peak_buffered_bytes"],
@@ -224,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                           flush=True)
 
     keys = ("samples_per_s", "mb_s", "wait_s", "engine_wait_s", "next_cpu_s", "next_cpu_us", "first_s", "peak_buffered",
-            "peak_rss_above", "wall_s")
+            "peak_rss_above", "wall_s", "at_200_s", "at_1500_s")
     med = {ph: {k: {key: statistics.median(r[key] for r in rs) for key in keys} for k, rs in by.items()}
            for ph, by in runs.items()}
     limit_mb = (args.budget + 64e6) / 1e6
@@ -256,6 +261,11 @@ def main(argv: list[str] | None = None) -> int:
         m, s1 = med[ph]["mix"], med[ph]["single"]
         print(f"{ph}: the consumer thread's own CPU inside next(): mix {m['next_cpu_us']:.1f} us per sample, single "
               f"{s1['next_cpu_us']:.1f} us (the rest of the wait: blocked on the engine, or on the GIL)")
+    if "fast" in med:  # the start of a pass, where the autotuner has not ramped yet and every source starts
+        m, s1 = med["fast"]["mix"], med["fast"]["single"]
+        print(f"fast: the 200th sample at {m['at_200_s']:.3f} s (single {s1['at_200_s']:.3f}), the 1,500th at "
+              f"{m['at_1500_s']:.3f} s (single {s1['at_1500_s']:.3f}): mix / single {m['at_200_s'] / s1['at_200_s']:.2f} "
+              f"and {m['at_1500_s'] / s1['at_1500_s']:.2f}")
     for v in verdicts:
         print(v)
     # A round far off the others (a stall) says where it waited even without --detail: kept in the output, since

@@ -267,7 +267,21 @@ def test_a_default_cold_start_probes_with_a_few_requests_first() -> None:
     assert probed_start(wds.EngineConfig(early_start=False), budget) == (32, None)  # no start-up checks
     assert probed_start(wds.EngineConfig().starting_at(64), budget) == (64, None)  # a learned start
     assert probed_start(wds.EngineConfig(), budget, local=True) == (2, None)  # local files: from the floor
-    assert probed_start(wds.EngineConfig(), budget, probe=False) == (32, None)  # a mix's routes
+
+
+def test_a_mixs_engine_starts_a_token_higher_per_source_after_the_first() -> None:
+    """Each source of a mix keeps one item beyond its share of the level and reads its first item at the start:
+    its engine starts ``sources - 1`` higher where the start is the library's, within the budget's cap."""
+    from wds_async.engine.engine import probed_start, start_level
+
+    budget = 256 * MiB
+    assert start_level(wds.EngineConfig(), budget, routes=20) == 51
+    assert start_level(wds.EngineConfig(), budget, routes=1) == 32
+    assert probed_start(wds.EngineConfig(), budget, routes=5) == (8, 36)  # probes, as one dataset does
+    assert start_level(wds.EngineConfig(), 40 * MiB, routes=20) == 32  # the cap of a 40 MiB budget
+    assert start_level(wds.EngineConfig(start_connections=16), budget, routes=20) == 16  # chosen: kept
+    assert start_level(wds.EngineConfig().starting_at(40), budget, routes=20) == 40  # learned: kept
+    assert start_level(wds.EngineConfig(max_connections=8), budget, routes=20) == 8  # fixed
 
 
 def test_a_store_that_answers_at_once_keeps_the_probe_start(shards: Path) -> None:

@@ -11,7 +11,7 @@ import asyncio
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -25,7 +25,7 @@ from wds_async.engine.engine import Engine
 from wds_async.engine.feed import ItemFeed
 from wds_async.engine.grouping import sample_nbytes
 from wds_async.engine.limiter import Limiter
-from wds_async.engine.shared import SharedEngine
+from wds_async.engine.shared import SharedEngine, due_order
 from wds_async.engine.spec import StreamSpec
 from wds_async.engine.work import ItemDone, WorkItem
 from wds_async.io import BackendSet
@@ -154,6 +154,55 @@ def test_each_route_gets_what_an_engine_of_its_own_gives_under_any_budget(source
         assert len(engine_threads()) >= 1
         for route in range(SOURCES):
             assert sample_digest(got[route]) == alone[route], f"route {route}"  # type: ignore[arg-type]
+    finally:
+        engine.close()
+
+
+def test_items_are_due_in_proportion_to_their_sources_shares() -> None:
+    # The k-th further item of source n is due at k / share: 0 at 2, 4, 6; 1 at 4, 8; 2 at 4 (ties: lower first).
+    assert due_order([0.5, 0.25, 0.25], [3, 2, 1]) == [0, 0, 1, 2, 0, 1]
+    assert due_order([0.5, 0.0, 0.5], [2, 5, 0]) == [0, 0]  # share 0: never due; count 0: nothing to order
+    # 0 at 2, 4, ... 12; 1 at 4, 8, 12; 2 at 8, 16: the rare source's items come where they are due.
+    assert due_order([0.5, 0.25, 0.125], [6, 3, 2]) == [0, 0, 1, 0, 0, 1, 2, 0, 0, 1, 2]
+
+
+class _Submissions(ItemFeed):
+    """A feed that records what is submitted to it and passes it on to the engine's."""
+
+    def __init__(self, feed: ItemFeed) -> None:
+        super().__init__()
+        self.feed = feed
+        self.submitted: list[WorkItem] = []
+
+    def submit(self, items: Sequence[WorkItem]) -> None:
+        self.submitted += items
+        self.feed.submit(items)
+
+
+def test_a_mix_primes_every_first_item_then_the_rest_by_when_it_is_due(sources: list[str]) -> None:
+    """First items in the order given (of first draws), then the windows interleaved by ``due_order``, in one
+    submission; a plan shorter than its window gives what it has."""
+    plans = [wds.WebDataset(url).work_items() for url in sources[:3]]
+    spec = StreamSpec(wds.EngineConfig(max_connections=8, deterministic=True))
+    engine = SharedEngine(spec, Stats(), [0.6, 0.3, 0.1])
+    try:
+        _bridge, feed = engine._started()
+        recorder = engine._feed = _Submissions(feed)
+        windows = [engine.window(route) for route in range(3)]
+        assert windows == [1 + 5, 1 + 3, 1 + 1]  # 1 + ceil(share x 8)
+        engine.prime_all([(2, iter(plans[2])), (0, iter(plans[0])), (1, iter(plans[1][:2]))])
+        got = [(item.route, item.shard) for item in recorder.submitted]
+        # Past the first items: route 2 one, route 0 the 4 its plan has left (its window would take 5), route 1
+        # the one its shortened plan has left (its window would take 3).
+        rest = [[2, 0, 1][n] for n in due_order([0.1, 0.6, 0.3], [1, 4, 1])]
+        firsts = [(2, 0), (0, 0), (1, 0)]
+        assert got[:3] == firsts
+        seen = {0: 0, 1: 0, 2: 0}
+        expected = []
+        for route in rest:
+            seen[route] += 1
+            expected.append((route, seen[route]))
+        assert got[3:] == expected
     finally:
         engine.close()
 

@@ -189,8 +189,8 @@ class _Mix(FluidPipeline):
     def _bind(self, sources: list[Any], order: list[int] | None) -> list[SharedEngine]:
         """Put the WebDataset sources on shared engines, one per group of compatible stores (see the module
         docstring); when the pass starts afresh, prime them in ``order`` (the order of their first draws): every
-        source's first item first, then the rest of each one's window, so a source drawn early never waits behind
-        the whole windows of the sources listed before it."""
+        source's first item first, then the rest of their windows in the order the draws will need them
+        (:meth:`~wds_async.engine.shared.SharedEngine.prime_all`)."""
         from .dataset import WebDataset
 
         specs: dict[int, StreamSpec] = {}
@@ -232,10 +232,12 @@ class _Mix(FluidPipeline):
                     plans[i] = iter(sources[i].work_items())
                 except Exception:  # a plan that cannot be previewed is read unprimed
                     continue
-            for first in (True, False):
-                for i, plan in plans.items():
-                    engine, route = sources[i]._shared
-                    engine.prime(route, plan, 1 if first else None)
+            by_engine: dict[int, list[tuple[int, Iterator[Any]]]] = {}
+            for i, plan in plans.items():
+                engine, route = sources[i]._shared
+                by_engine.setdefault(id(engine), []).append((route, plan))
+            for engine in engines:
+                engine.prime_all(by_engine.get(id(engine), []))
         return engines
 
     def _items(self, mix: _MixPass) -> Iterator[Any]:
