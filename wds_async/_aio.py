@@ -8,8 +8,10 @@ things it leaves to its caller are done here once:
   completes after its caller was cancelled would leak the file (and, for a writer, leave its temporary
   file behind); a close that runs while a read or write of the same file is still in its thread could let
   that call reach a descriptor number the kernel has handed to another file. :func:`open_file` closes
-  what an abandoned open returns, :class:`Inflight` runs calls so that :func:`close_file` can wait for the
-  ones still in their threads first, and a close is never lost to a second cancellation.
+  what an abandoned open returns (and :func:`in_thread_or_undo` undoes what any other abandoned call
+  returns: the shard cache's copies opened and locks taken), :class:`Inflight` runs calls so that
+  :func:`close_file` can wait for the ones still in their threads first, and a close is never lost to a
+  second cancellation.
 * **Closing a reader.** Closing a descriptor opened only for reading writes nothing back, so
   :func:`close_reader` closes it on the loop, as the file backend's page-cached reads run there: a thread hop
   for it cost a random-access read of a 64 KiB range about a fifth of its CPU. A read still running in its
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import aiofiles
@@ -36,7 +38,8 @@ from .errors import BackendError, PermissionDenied
 if TYPE_CHECKING:
     from typing import Self
 
-__all__ = ["PARTIAL_SUFFIX", "AsyncFileWriter", "Inflight", "close_file", "close_reader", "is_partial", "open_file"]
+__all__ = ["PARTIAL_SUFFIX", "AsyncFileWriter", "Inflight", "close_file", "close_reader", "in_thread_or_undo", "is_partial",
+           "open_file"]
 
 T = TypeVar("T")
 OpenMode = Literal["rb", "wb", "xb", "ab", "r+b"]
@@ -85,16 +88,35 @@ async def _finish(cleanup: Awaitable[None]) -> None:
     await asyncio.shield(future)
 
 
-async def open_file(path: str, mode: OpenMode, *, remove_if_abandoned: bool = False) -> AsyncFileIO:
+async def open_file(path: str, mode: OpenMode, *, remove_if_abandoned: bool = False,
+                    opener: Callable[[str, int], int] | None = None) -> AsyncFileIO:
     """``aiofiles.open(path, mode)`` unbuffered (each read or write is one system call at the file's
     offset). If the caller is cancelled while the open runs, the file it returns is closed on arrival
-    (and deleted with ``remove_if_abandoned``, for a file the open created). OSError propagates for the
+    (and deleted with ``remove_if_abandoned``, for a file the open created). ``opener`` is ``open()``'s (the
+    descriptor comes from it, made in the same thread as the file that owns it). OSError propagates for the
     caller to translate."""
-    opening: asyncio.Future[AsyncFileIO] = asyncio.ensure_future(aiofiles.open(path, mode, buffering=0))
+    opening: asyncio.Future[AsyncFileIO] = asyncio.ensure_future(aiofiles.open(path, mode, buffering=0,
+                                                                               opener=opener))
     try:
         return await asyncio.shield(opening)
     except asyncio.CancelledError:
         opening.add_done_callback(lambda done: _abandon(done, path, remove_if_abandoned))
+        raise
+
+
+async def in_thread_or_undo(call: Callable[[], T], undo: Callable[[T], None]) -> T:
+    """``call()`` in the loop's default executor; if the caller is cancelled while it runs, ``undo(result)``
+    runs in the loop once it returns (a descriptor opened, a lock taken: released, never leaked). ``undo``
+    must not raise."""
+    running: asyncio.Future[T] = asyncio.ensure_future(asyncio.to_thread(call))
+    try:
+        return await asyncio.shield(running)
+    except asyncio.CancelledError:
+        def _undone(done: asyncio.Future[T]) -> None:
+            if not done.cancelled() and done.exception() is None:
+                undo(done.result())
+
+        running.add_done_callback(_undone)
         raise
 
 

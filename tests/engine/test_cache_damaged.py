@@ -8,9 +8,16 @@ fixture) is in conftest.py, the shared helpers in cache_common.py."""
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import concurrent.futures
+import functools
+import gc
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +27,7 @@ from emustore import Knobs, StoreProcess
 from tests.conftest import sample_digest
 from tests.engine.cache_common import N, read_epoch, shard_urls
 from wds_async.cache.disk import ShardCache
+from wds_async.cache.items import CacheFill
 
 # -- damaged copies: a format error from a copy drops it and reads the store once (``ItemReads.fetch``) --------
 
@@ -139,3 +147,126 @@ def test_a_damaged_copy_when_the_store_fails_too_is_a_clear_error(
     assert isinstance(raised.value.__context__, ShardFormatError)
     assert [w for w in _warnings(caplog) if "is damaged" in w and "shard-000001.tar" in w]
     assert not os.path.exists(copy)
+
+
+# -- a fill cancelled while its file opens: no descriptor closed twice -----------------------------------------
+
+
+class _Stepped(concurrent.futures.ThreadPoolExecutor):  # asyncio's default executor must be one; no thread starts
+    """A default executor whose calls run only when the test says so, in the test's thread: :meth:`start`
+    marks the next one running (a cancel no longer stops it), :meth:`finish` runs it."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=1)
+        self.calls: collections.deque[tuple[concurrent.futures.Future[Any], Callable[[], Any]]] = collections.deque()
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self.calls.append((future, functools.partial(fn, *args, **kwargs)))
+        return future
+
+    def start(self) -> bool:
+        return self.calls[0][0].set_running_or_notify_cancel()
+
+    def finish(self) -> None:
+        future, call = self.calls.popleft()
+        try:
+            future.set_result(call())
+        except BaseException as exc:
+            future.set_exception(exc)
+
+    def step(self) -> None:
+        if self.start():
+            self.finish()
+        else:
+            self.calls.popleft()
+
+
+def _is_open(call: Callable[[], Any]) -> bool:
+    """Whether an executor call is a file's open (aiofiles runs ``open`` with its arguments in a partial)."""
+    return isinstance(call, functools.partial) and call.func is open
+
+
+def test_a_fill_cancelled_while_its_file_opens_closes_no_other_files_descriptor(tmp_path: Path) -> None:
+    """The reader filling a copy is cancelled (its consumer left) while the ``.part`` file's open runs in its
+    thread. That open must not end up owning the descriptor number of a file opened meanwhile (closing it
+    later, under that file): the other file stays open, the part file goes, the shard's lock is released."""
+    cache = ShardCache(tmp_path / "cache")
+    assert cache.ensure_directory() is None
+    url = "http://127.0.0.1:1/shard-000000.tar"
+    fill = cache._take_lock(url)
+    assert isinstance(fill, CacheFill)
+
+    async def scenario() -> int:
+        stepped = _Stepped()
+        asyncio.get_running_loop().set_default_executor(stepped)
+        task = asyncio.create_task(fill.write(b"x" * 100, 100))
+        for _ in range(50):  # the fill's calls before its file's open (make room, unlink) run as they come
+            await asyncio.sleep(0)
+            if stepped.calls and _is_open(stepped.calls[0][1]):
+                break
+            if stepped.calls:
+                stepped.step()
+        else:
+            raise AssertionError("the fill never opened its file")
+        assert stepped.start()  # the open is in its thread: a cancel does not stop it
+        task.cancel()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        victim = os.open(tmp_path / "other", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)  # the lowest free number
+        stepped.finish()  # the open returns
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(20):  # and whatever cleans up after it
+            await asyncio.sleep(0)
+            if stepped.calls:
+                stepped.step()
+        await fill.close()
+        while stepped.calls:
+            stepped.step()
+            await asyncio.sleep(0)
+        gc.collect()  # a file object left unclosed closes its descriptor now
+        return victim
+
+    victim = asyncio.run(scenario())
+    try:
+        assert os.write(victim, b"still mine") == 10  # EBADF where a late close took its number
+    finally:
+        os.close(victim)
+    assert not os.path.exists(cache.path(url, ".part"))
+    assert fill.lock_fd == -1
+
+
+def test_a_fill_cancelled_while_it_takes_the_lock_leaves_the_shard_unlocked(tmp_path: Path) -> None:
+    """Cancelled while the shard's lock is being taken in its thread: the lock, once taken, is released, so the
+    next fill of the shard in this process takes it at once (a lock left held made it wait ``stall_seconds``
+    for a filler that was gone, then read the store uncached)."""
+    cache = ShardCache(tmp_path / "cache", validate=False)
+    url = "http://127.0.0.1:1/shard-000000.tar"
+
+    async def scenario() -> None:
+        stepped = _Stepped()
+        asyncio.get_running_loop().set_default_executor(stepped)
+        task = asyncio.create_task(cache.open_item(url, whole=True, backend=None, policy=wds.RetryPolicy()))  # type: ignore[arg-type]
+        for _ in range(50):  # the calls before (the directory, the lookup of a copy) run as they come
+            await asyncio.sleep(0)
+            if stepped.calls and "_take_lock" in repr(stepped.calls[0][1]):
+                break
+            if stepped.calls:
+                stepped.step()
+        else:
+            raise AssertionError("the fill never took the shard's lock")
+        assert stepped.start()
+        task.cancel()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        stepped.finish()  # the lock is taken, for a caller that is gone
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(5):
+            await asyncio.sleep(0)
+
+    asyncio.run(scenario())
+    fill = cache._take_lock(url)
+    assert isinstance(fill, CacheFill), "the shard's lock is still held"
+    asyncio.run(fill.close())

@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import hashlib
 import json
 import logging
@@ -80,6 +81,7 @@ import os
 import time
 from typing import Any
 
+from .._aio import in_thread_or_undo
 from ..config import RetryPolicy
 from ..errors import WdsError
 from ..io import Backend, ObjectIdentity
@@ -259,7 +261,7 @@ class ShardCache:
             if hit is not None or not whole or not self._writable:
                 return hit
             try:
-                fill = await asyncio.to_thread(self._take_lock, url)
+                fill = await in_thread_or_undo(functools.partial(self._take_lock, url), _release_fill)
             except OSError as exc:
                 self.cannot_fill(url, exc, "locking it")
                 return None
@@ -280,7 +282,7 @@ class ShardCache:
 
     async def _hit(self, url: str, backend: Backend, policy: RetryPolicy, stats: Stats | None,
                    prechecks: Prechecks | None = None) -> CacheHit | None:
-        found = await asyncio.to_thread(self._open_copy, url)
+        found = await in_thread_or_undo(functools.partial(self._open_copy, url), _close_copy)
         if found is None:
             return None
         fd, identity = found
@@ -371,3 +373,18 @@ class ShardCache:
 
 #: ``_take_lock``'s answer when the copy was committed while it waited: look it up again.
 _RETRY: Any = object()
+
+
+def _release_fill(fill: CacheFill | None) -> None:
+    """Undo a lock taken for a caller that was cancelled meanwhile (:func:`~wds_async._aio.in_thread_or_undo`): a
+    lock left held would make every later fill of the shard in this process wait ``stall_seconds`` for a
+    filler that is gone."""
+    if isinstance(fill, CacheFill):
+        unlock(fill.lock_fd)
+        fill.lock_fd = -1
+
+
+def _close_copy(found: tuple[int, ObjectIdentity] | None) -> None:
+    """Close a copy opened for a caller that was cancelled meanwhile."""
+    if found is not None:
+        os.close(found[0])

@@ -19,9 +19,10 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-import aiofiles
 import aiofiles.os
+from aiofiles.threadpool.binary import AsyncFileIO
 
+from .._aio import Inflight, close_file, open_file
 from ..backends.file import FileBackend
 from ..config import RetryPolicy
 from ..io import Backend, ByteStream, ObjectIdentity
@@ -154,7 +155,8 @@ class CacheFill:
         self.part = cache.path(url, ".part")
         self.written = 0
         self.failed = False  # abandoned (disk full, too large): the shard goes on from the store
-        self._file: Any = None
+        self._file: AsyncFileIO | None = None
+        self._calls = Inflight()  # the file's writes, which its close waits for
         self._pending = bytearray()
 
     async def write(self, chunk: bytes, size: int | None) -> None:
@@ -167,12 +169,7 @@ class CacheFill:
                     self._abandon("its size is unknown" if size is None else
                                   f"it is larger than the room cache_size={self.cache.max_bytes} leaves")
                     return
-                fd = await asyncio.to_thread(self._create_part)
-                try:
-                    self._file = await aiofiles.open(fd, "wb", buffering=0)
-                except BaseException:
-                    os.close(fd)
-                    raise
+                self._file = await self._create_part()
             self._pending += chunk
             self.written += len(chunk)
             if len(self._pending) >= FILL_WRITE_BYTES:
@@ -181,17 +178,24 @@ class CacheFill:
             self.failed = True
             self.cache.cannot_fill(self.url, exc, "writing")
 
-    def _create_part(self) -> int:
+    async def _create_part(self) -> AsyncFileIO:
         """The new ``.part`` file, open. Whatever has its name (a crash's leftover, a planted link) is unlinked
-        first, never written through: this process holds the shard's lock, so no fill of another owns it."""
-        unlink(self.part)
-        return create_new(self.part)
+        first, never written through: this process holds the shard's lock, so no fill of another owns it. The
+        descriptor is made by the open that owns it (:func:`~wds_async._aio.open_file`): an open cancelled
+        mid-way is closed and removed when it returns, never closed twice. (A descriptor made in one thread call
+        and wrapped in the next, as before, was closed by the cancelled caller and again by the file object that
+        wrapped it later: the second close could take another file's descriptor number, and another fill's writes
+        then failed with EBADF.)"""
+        await asyncio.to_thread(unlink, self.part)
+        return await open_file(self.part, "wb", remove_if_abandoned=True, opener=_create_new)
 
     async def _flush(self) -> None:
         data, self._pending = self._pending, bytearray()
         view = memoryview(data)
-        while view:  # an unbuffered write may take part of the data
-            view = view[await self._file.write(view):]
+        file = self._file
+        assert file is not None
+        while view:  # an unbuffered write may take part of the data; a close waits for a write still running
+            view = view[await self._calls.run(file.write(view)):]
 
     def _abandon(self, why: str) -> None:
         self.failed = True
@@ -203,8 +207,8 @@ class CacheFill:
             return False
         try:
             await self._flush()
-            await self._file.close()
-            self._file = None
+            file, self._file = self._file, None
+            await close_file(file, self._calls)
             data = self.cache.path(self.url)
             await aiofiles.os.replace(self.part, data)  # a rename moves names, never follows a link
             meta = {"version": META_VERSION, "url": redact_url(self.url), "committed": time.time(),
@@ -223,15 +227,20 @@ class CacheFill:
         """Release the lock; a file not committed is removed."""
         try:
             if self._file is not None:
+                file, self._file = self._file, None
                 with contextlib.suppress(OSError):
-                    await self._file.close()
-                self._file = None
+                    await close_file(file, self._calls)  # after any write of it still in its thread
                 await asyncio.to_thread(unlink, self.part)
             elif self.failed:
                 await asyncio.to_thread(unlink, self.part)
         finally:
             unlock(self.lock_fd)
             self.lock_fd = -1
+
+
+def _create_new(path: str, flags: int) -> int:
+    """``open()``'s opener for a ``.part`` file: :func:`~wds_async.cache.files.create_new`, whatever ``flags``."""
+    return create_new(path)
 
 
 def _write_meta(path: str, data: bytes) -> None:
