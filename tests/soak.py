@@ -8,7 +8,8 @@ Each trial draws a configuration: a single dataset, a ``RandomMix`` or a ``Round
 emulated http store (well behaved; slow: 30 ms to first byte and 3 MB/s per connection; faulty: 503s and bodies cut
 short; with ``--s3`` also moto's S3 in server mode), budgets from 64 KiB (below the largest samples) to 32 MiB, 1-3
 fixed connections or ``auto``, ranged parts, arrival order, shuffle buffers, ``resampled`` sources, a missing,
-truncated or corrupt shard with or without a handler, DataLoader workers, the node service, a shard cache. A pass
+truncated or corrupt shard with or without a handler, DataLoader workers, the node service, a shard cache, and a
+consumer that leaves after 1, 5 or 30 samples. After each trial no socket, file or engine thread may be left open. A pass
 that delivers nothing for 40 s is reported as a hang with every thread's stack, and the soak stops there (the
 engine's state is what to look at next). In ``resume`` mode the pieces read between checkpoints (through
 ``StatefulDataLoader`` when workers are drawn) must equal an uninterrupted pass. Prints one line per trial (``OK``
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import gc
 import json
 import os
 import random
@@ -97,7 +99,8 @@ def _draw(rng: random.Random, resume: bool, s3: bool) -> dict[str, Any]:
                    service=False, cache=False)
     else:
         cfg.update(bad=rng.choice([None, None, "nothere", "trunc", "corrupt"]), handled=rng.random() < 0.5,
-                   service=rng.random() < 0.15, cache=rng.random() < 0.15)
+                   service=rng.random() < 0.15, cache=rng.random() < 0.15,
+                   stop=rng.choice([None, None, None, 1, 5, 30]))
         cfg["cache"] = cfg["cache"] and not cfg["service"]
     return cfg
 
@@ -172,18 +175,30 @@ def _pass(cfg: dict[str, Any], counts: dict[tuple[str, int], int], base: str, se
     watch = _Watch(json.dumps(cfg))
     got: list[tuple[int, str]] = []
     error: BaseException | None = None
+    stop = cfg.get("stop")
+    it = iter(_loader(_build(cfg, base, service if cfg["service"] else None, cache), cfg["workers"]))
     try:
-        for sample, key in _loader(_build(cfg, base, service if cfg["service"] else None, cache), cfg["workers"]):
+        for sample, key in it:
             got.append((int(sample), key))
             watch.tick()
             if cfg["sleep"]:
                 time.sleep(cfg["sleep"])
+            if stop is not None and len(got) >= stop:
+                break  # the consumer leaves mid-pass: everything it started must stop and be released
     except Exception as exc:
         error = exc
     finally:
         watch.stop()
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+        del it
         if cache:
             shutil.rmtree(cache, ignore_errors=True)
+    if stop is not None and len(got) >= stop:
+        if error is not None:
+            return f"error: {type(error).__name__}: {error}"
+        return None if cfg["resampled"] or len(got) == len(set(got)) else "samples twice before the stop"
     whole = cfg["kind"] == "single" or cfg["longest"]
     if cfg["bad"] and not cfg["handled"] and not cfg["resampled"] and whole:
         return None if error is not None and cfg["bad"] in str(error) else f"no error naming the bad shard: {error!r}"
@@ -196,6 +211,37 @@ def _pass(cfg: dict[str, Any], counts: dict[tuple[str, int], int], base: str, se
     if cfg["bad"] or not whole:
         return None if cfg["bad"] or all(p <= w for p, w in zip(per, want)) else f"per source {per}, at most {want}"
     return None if per == want else f"per source {per}, expected {want}"
+
+
+def _held() -> tuple[dict[str, str], int]:
+    """This process's open descriptors (number: what it is) and engine threads now."""
+    fds = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            fds[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed meanwhile (the listing's own descriptor among them)
+            pass
+    return fds, sum(t.name == "wds-async-engine" for t in threading.enumerate())
+
+
+#: Descriptors a first trial may leave for good: pipes and shared memory of DataLoader workers and torch, and the
+#: event loops' own. Sockets and files are what a stopped engine must never leave open.
+_PROCESS_WIDE = ("pipe:", "anon_inode:", "/dev/shm/", "/dev/null", "/dev/urandom")
+
+
+def _leaked(before: tuple[dict[str, str], int]) -> str | None:
+    """The sockets, files and engine threads a trial left open beyond ``before``, once closes had 2 s to finish."""
+    deadline = time.monotonic() + 2.0
+    while True:
+        gc.collect()
+        fds, threads = _held()
+        left = sorted(what for fd, what in fds.items()
+                      if before[0].get(fd) != what and not what.startswith(_PROCESS_WIDE))
+        if not left and threads <= before[1]:
+            return None
+        if time.monotonic() > deadline:
+            return f"left open: {left}, {threads - before[1]} engine threads"
+        time.sleep(0.05)
 
 
 def _resumed(cfg: dict[str, Any], base: str) -> str | None:
@@ -263,8 +309,9 @@ def main(argv: list[str] | None = None) -> int:
                 cfg = _draw(rng, args.mode == "resume", args.s3)
                 started = time.monotonic()
                 base = bases[cfg["store"]]
+                before = _held()
                 wrong = (_resumed(cfg, base) if args.mode == "resume" else
-                         _pass(cfg, counts, base, service.url if service else None))
+                         _pass(cfg, counts, base, service.url if service else None)) or _leaked(before)
                 bad += wrong is not None
                 print("OK " if wrong is None else "BAD", trial, f"{time.monotonic() - started:.2f}s", wrong or "",
                       json.dumps(cfg), flush=True)
