@@ -271,11 +271,13 @@ def test_a_default_cold_start_probes_with_a_few_requests_first() -> None:
 
 def test_a_mixs_engine_starts_a_token_higher_per_source_after_the_first() -> None:
     """Each source of a mix keeps one item beyond its share of the level and reads its first item at the start:
-    its engine starts ``sources - 1`` higher where the start is the library's, within the budget's cap."""
+    its engine starts ``sources - 1`` higher where the start is the library's (at most twice one dataset's start),
+    within the budget's cap."""
     from wds_async.engine.engine import probed_start, start_level
 
     budget = 256 * MiB
     assert start_level(wds.EngineConfig(), budget, routes=20) == 51
+    assert start_level(wds.EngineConfig(), budget, routes=300) == 64  # at most twice one dataset's start
     assert start_level(wds.EngineConfig(), budget, routes=1) == 32
     assert probed_start(wds.EngineConfig(), budget, routes=5) == (8, 36)  # probes, as one dataset does
     assert start_level(wds.EngineConfig(), 40 * MiB, routes=20) == 32  # the cap of a 40 MiB budget

@@ -92,14 +92,17 @@ def _default_start(config: EngineConfig) -> bool:
 def start_level(config: EngineConfig, budget_limit: int, *, local: bool = False, routes: int = 1) -> int:
     """The concurrency an engine of its own limiter starts at: with ``local`` (every item from a backend with
     ``local_reads``), an autotuned engine whose start is the default starts at its floor. The engine of a mix
-    of ``routes`` sources starts ``routes - 1`` higher where the start is the default: each source keeps one
-    item beyond its share of the level (engine/shared.py), and every source's first item is read at the start,
-    most of them for sources that are drawn rarely; at the level of one dataset those took the tokens of the
-    items the first draws need (a 20-source mix waited 1.4x what one dataset of the same shards did over its
-    first 1,500 samples)."""
+    of ``routes`` sources starts ``routes - 1`` higher where the start is the default, at most twice one
+    dataset's start: each source keeps one item beyond its share of the level (engine/shared.py), and every
+    source's first item is read at the start, most of them for sources that are drawn rarely; at the level of
+    one dataset those took the tokens of the items the first draws need (a 20-source mix waited 1.4x what one
+    dataset of the same shards did over its first 1,500 samples). The bound keeps a mix of hundreds of sources,
+    in each of several DataLoader workers, from opening hundreds of connections per worker before the
+    autotuner has seen an answer."""
     if local and _default_start(config):
         return min(connection_cap(config, budget_limit), config.min_connections)
-    first = config.first_connections + (max(0, routes - 1) if _default_start(config) else 0)
+    extra = min(max(0, routes - 1), config.first_connections) if _default_start(config) else 0
+    first = config.first_connections + extra
     return min(connection_cap(config, budget_limit), first)
 
 

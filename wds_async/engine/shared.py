@@ -55,9 +55,9 @@ Priming
 Start level
     Each source keeps one item beyond its share of the level, and every source's first item is read at the start,
     most of them for sources drawn rarely; at one dataset's start level those took the tokens the first draws
-    needed. So a mix's engine starts ``sources - 1`` above one dataset's default start (an autotuned start the user
-    left alone; see :func:`~wds_async.engine.engine.start_level`), after the same probe (8 requests for 10 ms);
-    :meth:`SharedEngine.prime_all` sizes the windows at the level after the probe.
+    needed. So a mix's engine starts ``sources - 1`` above one dataset's default start, at most twice it (an
+    autotuned start the user left alone; see :func:`~wds_async.engine.engine.start_level`), after the same probe
+    (8 requests for 10 ms); :meth:`SharedEngine.prime_all` sizes the windows at the level after the probe.
 """
 
 from __future__ import annotations
