@@ -192,17 +192,10 @@ def test_a_mix_primes_every_first_item_then_the_rest_by_when_it_is_due(sources: 
         assert windows == [1 + 5, 1 + 3, 1 + 1]  # 1 + ceil(share x 8)
         engine.prime_all([(2, iter(plans[2])), (0, iter(plans[0])), (1, iter(plans[1][:2]))])
         got = [(item.route, item.shard) for item in recorder.submitted]
-        # Past the first items: route 2 one, route 0 the 4 its plan has left (its window would take 5), route 1
-        # the one its shortened plan has left (its window would take 3).
-        rest = [[2, 0, 1][n] for n in due_order([0.1, 0.6, 0.3], [1, 4, 1])]
-        firsts = [(2, 0), (0, 0), (1, 0)]
-        assert got[:3] == firsts
-        seen = {0: 0, 1: 0, 2: 0}
-        expected = []
-        for route in rest:
-            seen[route] += 1
-            expected.append((route, seen[route]))
-        assert got[3:] == expected
+        assert got[:3] == [(2, 0), (0, 0), (1, 0)]
+        # Then by when each is due: route 0's next at 1/0.6, 2/0.6, ... draws (the 4 its plan has left; its window
+        # would take 5), route 1's at 1/0.3 (the one its shortened plan has left), route 2's at 1/0.1.
+        assert got[3:] == [(0, 1), (0, 2), (1, 1), (0, 3), (0, 4), (2, 1)]
     finally:
         engine.close()
 
