@@ -191,6 +191,26 @@ def test_resume_with_a_list_and_a_zero_weight_source(mix_store: StoreProcess) ->
     assert len(b) == len(list(source(mix_store, "b"))) and b == list(range(len(full) - len(b), len(full)))
 
 
+@pytest.mark.parametrize("kind", ["random", "round_robin"])
+def test_a_pass_that_ended_at_its_first_draw_stays_ended_when_resumed(mix_store: StoreProcess, kind: str) -> None:
+    """A mix (``longest=False``) whose first draw finds its source empty ends with nothing delivered, so its
+    pipeline counts no pass: its state is still the pass's, with the source that ran out. Loaded, it must end
+    there too, not go on with the other sources. (A DataLoader worker with no shard of a one-shard source is
+    such a mix, and its last snapshot such a state: resumed, the worker delivered samples its uninterrupted run
+    never had; found by tests/soak.py.)"""
+    def make() -> Any:
+        sources = [[], source(mix_store, "b")]
+        return wds.RandomMix(sources, seed=0) if kind == "random" else wds.RoundRobin(sources)  # both draw source 0 first
+
+    mix = make()
+    assert list(mix) == []
+    state = roundtrip(mix.state_dict())
+    assert state["reps"] == 0 and state["source"]["ended"] == [0]  # the pass was not counted
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert list(resumed) == []
+
+
 def test_resume_with_stages_on_the_mix_and_another_epoch(mix_store: StoreProcess) -> None:
     def batched() -> Any:
         return wds.RandomMix([source(mix_store, name) for name in "ab"], seed=2).map(ident).batched(

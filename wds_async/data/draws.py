@@ -280,6 +280,10 @@ def draw(iterators: list[Iterator[Any]], chooser: Chooser, longest: bool, ended:
     to ``ended`` and ends the stream, or with ``longest`` is dropped and the rest go on. ``finish()`` runs when
     the generator ends for any reason: a mix's pass is this generator alone, one frame per item."""
     try:
+        if ended and not longest:
+            # A pass that ended when a source ran out (a state saved at its end: a DataLoader worker's last
+            # snapshot can be taken before its pipeline counted the pass): nothing is left of it.
+            return
         for i in ended:
             chooser.drop(i)
         takes = [it.__next__ for it in iterators]
