@@ -84,6 +84,7 @@ def client_future(*, endpoint_url: str | None = None, region: str | None = None,
         if found is not None and not (found.done() and found.exception() is not None):
             return found
         future: concurrent.futures.Future[tuple[Any, str]] = concurrent.futures.Future()
+        future.set_running_or_notify_cancel()  # shared: a cancelled waiter must not cancel it (see credentials_future)
         _CLIENTS[key] = future
 
     def build() -> None:
@@ -131,6 +132,10 @@ def credentials_future() -> concurrent.futures.Future[Any]:
         if found is not None:
             return found
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        # Running from the start, so that it cannot be cancelled: a backend awaits it through asyncio.wrap_future,
+        # which cancels the future when its task is cancelled (a consumer that left), and a cancelled future kept
+        # here would fail every later S3 read of the process with CancelledError.
+        future.set_running_or_notify_cancel()
         _CREDENTIALS[key] = future
 
     def resolve() -> None:

@@ -137,3 +137,21 @@ async def test_downloads_to_an_explicit_endpoint_never_build_the_client(aws_env:
     url, _ = await backend.resolve("s3://bkt/x.tar", 0, None)
     assert "%2Fap-south-1%2Fs3%2F" in url and [kw["region"] for kw in built] == ["ap-south-1"]
     await backend.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_wait_for_the_credentials_leaves_them_to_the_next_reader(
+        aws_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The credential chain and the SDK client are resolved once per process and shared. A reader cancelled
+    while it waits for them (its consumer left) must not cancel the shared answer: a later reader gets it.
+    (A cancelled one was kept, and every later S3 read of the process raised CancelledError; found by
+    tests/soak.py, whose resolving thread then printed InvalidStateError.)"""
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "a-token-for-a-fresh-environment-key")  # a future of its own
+    for shared in (s3_clients.credentials_future(), s3_clients.client_future(endpoint_url="http://127.0.0.1:9")):
+        waiter = asyncio.ensure_future(asyncio.wrap_future(shared))
+        await asyncio.sleep(0)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert not shared.cancelled()
+        assert await asyncio.wrap_future(shared) is not None
