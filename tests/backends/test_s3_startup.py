@@ -146,12 +146,28 @@ async def test_a_cancelled_wait_for_the_credentials_leaves_them_to_the_next_read
     while it waits for them (its consumer left) must not cancel the shared answer: a later reader gets it.
     (A cancelled one was kept, and every later S3 read of the process raised CancelledError; found by
     tests/soak.py, whose resolving thread then printed InvalidStateError.)"""
-    monkeypatch.setenv("AWS_SESSION_TOKEN", "a-token-for-a-fresh-environment-key")  # a future of its own
-    for shared in (s3_clients.credentials_future(), s3_clients.client_future(endpoint_url="http://127.0.0.1:9")):
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "a-token-for-a-fresh-environment-key")  # futures of their own
+    release = threading.Event()  # each resolution waits until the waiter was cancelled
+    real_credentials, real_client = botocore.session.Session.get_credentials, s3_clients.make_client
+
+    def held_credentials(self: Any) -> Any:
+        release.wait(10)
+        return real_credentials(self)
+
+    def held_client(**kwargs: Any) -> Any:
+        release.wait(10)
+        return real_client(**kwargs)
+
+    monkeypatch.setattr(botocore.session.Session, "get_credentials", held_credentials)
+    monkeypatch.setattr(s3_clients, "make_client", held_client)
+    for make in (s3_clients.credentials_future, lambda: s3_clients.client_future(endpoint_url="http://127.0.0.1:9")):
+        release.clear()
+        shared = make()
         waiter = asyncio.ensure_future(asyncio.wrap_future(shared))
         await asyncio.sleep(0)
         waiter.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiter
         assert not shared.cancelled()
+        release.set()
         assert await asyncio.wrap_future(shared) is not None
