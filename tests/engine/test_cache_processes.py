@@ -155,3 +155,35 @@ def test_dataloader_workers_share_one_cache(served: tuple[StoreProcess, Path], t
         assert keys == plain
         stats = ds.stats()  # the workers' counters, summed
         assert (stats["cache_fills"], stats["cache_hits"]) == ((N, 0) if epoch == 0 else (0, N))
+
+
+def test_a_slow_fill_shows_its_progress_to_waiting_processes(tmp_path: Path) -> None:
+    """A process waiting for another's fill watches its ``.part`` file grow and reads the store itself once it
+    stops growing for ``stall_seconds``. A fill gathers bytes into 1 MiB writes, so on a slow store it must also
+    write what it has after ``FILL_WRITE_SECONDS``, or a live fill would look stalled."""
+    import asyncio
+
+    from wds_async.cache import items
+
+    cache = ShardCache(tmp_path / "cache")
+    assert cache.ensure_directory() is None
+    assert cache.stall_seconds >= 2 * items.FILL_WRITE_SECONDS  # a live fill writes at least twice per stall
+    url = "http://127.0.0.1:1/shard-000000.tar"
+    fill = cache._take_lock(url)
+    assert isinstance(fill, items.CacheFill)
+    part = cache.path(url, ".part")
+
+    async def scenario() -> list[int]:
+        sizes = []
+        await fill.write(b"a" * 1000, 10_000)
+        sizes.append(await asyncio.to_thread(os.path.getsize, part))  # gathered, not written yet
+        await fill.write(b"b" * 1000, 10_000)
+        sizes.append(await asyncio.to_thread(os.path.getsize, part))
+        fill._flushed_at -= items.FILL_WRITE_SECONDS  # as if the next chunk came that much later
+        await fill.write(b"c" * 1000, 10_000)
+        sizes.append(await asyncio.to_thread(os.path.getsize, part))
+        await fill.close()
+        return sizes
+
+    assert asyncio.run(scenario()) == [0, 0, 3000]
+    assert not os.path.exists(part)

@@ -24,8 +24,11 @@ remote shard (``http(s)``, ``s3``, ``gs``, ``az``; local files and ``pipe:`` are
   a file shorter than its metadata says, which a lookup refuses (the size is checked on every open).
 * **Another process is filling it** (a rank or DataLoader worker on this node; ``fcntl.flock`` on
   ``NAME.lock``, released by the kernel if that process dies): wait while its ``.part`` file grows, then read
-  the copy. If it stops growing for ``stall_seconds`` (that process is blocked, say on its consumer), read the
-  shard from the store without caching it, so no two processes can wait on each other forever.
+  the copy. If it stops growing for ``stall_seconds`` (1 s; a fill writes what it received at least every half
+  second), that process is blocked, most often on its own consumer: read the shard from the store without caching
+  it. The wait is short because such a block is usually a wait on *this* process: DataLoader workers hand their
+  batches to the main process in turn, and ranks meet at every all-reduce, so a filler whose consumer waits for
+  this process's samples fills its byte budget and stops, and neither moves until the waiter gives up.
 * **Anything else** (a partial item that is not cached, a shard larger than ``max_bytes``): the store.
 * **A directory this user cannot write** (read-only, on a read-only file system, or one that cannot be created):
   copies already in it are still read; every other shard is read from the store, with one warning per process
@@ -154,6 +157,11 @@ def make_cache(cache_dir: str | os.PathLike[str] | None, cache_size: int | str |
     return cache
 
 
+#: How long a process waits for another's fill of a shard that makes no progress before it reads the shard from
+#: the store itself (see "Another process is filling it" in the module docstring).
+STALL_SECONDS = 1.0
+
+
 class ShardCache:
     """A cache directory shared by the processes of one node (see the module docstring).
 
@@ -161,7 +169,7 @@ class ShardCache:
     """
 
     def __init__(self, directory: str | os.PathLike[str], max_bytes: int | None = None, *, validate: bool = True,
-                 stall_seconds: float = 30.0) -> None:
+                 stall_seconds: float = STALL_SECONDS) -> None:
         self.directory = os.path.abspath(os.path.expanduser(os.fspath(directory)))
         if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1):
             raise ValueError(f"cache_size must be a positive number of bytes or None (no limit), got {max_bytes!r}")
@@ -275,7 +283,7 @@ class ShardCache:
             if size != seen or stalled_since is None:
                 seen, stalled_since = size, now
             elif now - stalled_since >= self.stall_seconds:
-                log.info("cache: %s has been filled by another process without progress for %.0f s; reading "
+                log.info("cache: %s has been filled by another process without progress for %.1f s; reading "
                          "it from the store", redact_url(url), self.stall_seconds)
                 return None
             await asyncio.sleep(0.1)

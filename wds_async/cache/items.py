@@ -53,6 +53,9 @@ log = logging.getLogger("wds_async")
 
 #: The most bytes a fill gathers before writing them to its ``.part`` file.
 FILL_WRITE_BYTES = 1 << 20
+#: The longest a fill keeps bytes it received before writing them: the file's growth is what tells another
+#: process waiting for the copy that this fill is alive (``ShardCache.stall_seconds``), also on a slow store.
+FILL_WRITE_SECONDS = 0.5
 
 
 async def store_identity(backend: Backend, url: str, policy: RetryPolicy, stats: Stats | None) -> ObjectIdentity:
@@ -158,6 +161,7 @@ class CacheFill:
         self._file: AsyncFileIO | None = None
         self._calls = Inflight()  # the file's writes, which its close waits for
         self._pending = bytearray()
+        self._flushed_at = time.monotonic()
 
     async def write(self, chunk: bytes, size: int | None) -> None:
         """Append ``chunk``; ``size`` is the object's announced size (room is made for it first)."""
@@ -172,7 +176,8 @@ class CacheFill:
                 self._file = await self._create_part()
             self._pending += chunk
             self.written += len(chunk)
-            if len(self._pending) >= FILL_WRITE_BYTES:
+            if (len(self._pending) >= FILL_WRITE_BYTES or
+                    time.monotonic() - self._flushed_at >= FILL_WRITE_SECONDS):
                 await self._flush()
         except OSError as exc:
             self.failed = True
@@ -191,6 +196,7 @@ class CacheFill:
 
     async def _flush(self) -> None:
         data, self._pending = self._pending, bytearray()
+        self._flushed_at = time.monotonic()
         view = memoryview(data)
         file = self._file
         assert file is not None
