@@ -189,9 +189,11 @@ def _pass(cfg: dict[str, Any], counts: dict[tuple[str, int], int], base: str, se
         error = exc
     finally:
         watch.stop()
-        close = getattr(it, "close", None)
+        close = getattr(it, "close", None) or getattr(it, "_shutdown_workers", None)
         if close is not None:
-            close()
+            close()  # a DataLoader's workers too: left to the collector (an error's traceback holds the
+            # iterator), torch's shutdown waited 5 s per worker inside gc.collect(), and the cache directory
+            # below was removed while they still read from it
         del it
         if cache:
             shutil.rmtree(cache, ignore_errors=True)
