@@ -23,6 +23,9 @@ from wds_async.cache.disk import ShardCache
 
 def _child(urls: list[str], cache: str, out: str) -> None:
     ds = wds.WebDataset(urls, cache_dir=cache, deterministic=True)
+    assert ds.cache is not None
+    ds.cache.stall_seconds = 30.0  # what is tested is the sharing: a process descheduled for 1 s on a busy
+    # machine would otherwise look stalled to the others, who would then read that shard from the store too
     digest = sample_digest(ds)
     with open(out, "w") as fh:
         json.dump({"digest": list(digest), "stats": ds.stats()}, fh)
