@@ -69,13 +69,10 @@ def _drop(f: AsyncFileIO, path: str, remove: bool) -> None:
             pass
 
 
-def _abandon(opening: asyncio.Future[AsyncFileIO], path: str, remove: bool) -> None:
-    """Close (and with ``remove``, delete) the file an open returns after its caller has gone."""
-    if opening.cancelled() or opening.exception() is not None:
-        return
-    f = opening.result()
+def _abandon(f: AsyncFileIO, path: str, remove: bool, loop: asyncio.AbstractEventLoop) -> None:
+    """Close (and with ``remove``, delete) the file an open returned after its caller had gone."""
     try:  # a thread, not the loop, for the unlink (a metadata write); _drop swallows its errors
-        opening.get_loop().run_in_executor(None, _drop, f, path, remove)
+        loop.run_in_executor(None, _drop, f, path, remove)
     except RuntimeError:  # the executor is shut down already
         _drop(f, path, remove)
 
@@ -95,20 +92,15 @@ async def open_file(path: str, mode: OpenMode, *, remove_if_abandoned: bool = Fa
     (and deleted with ``remove_if_abandoned``, for a file the open created). ``opener`` is ``open()``'s (the
     descriptor comes from it, made in the same thread as the file that owns it). OSError propagates for the
     caller to translate."""
-    opening: asyncio.Future[AsyncFileIO] = asyncio.ensure_future(aiofiles.open(path, mode, buffering=0,
-                                                                               opener=opener))
-    try:
-        return await asyncio.shield(opening)
-    except asyncio.CancelledError:
-        opening.add_done_callback(lambda done: _abandon(done, path, remove_if_abandoned))
-        raise
+    loop = asyncio.get_running_loop()
+    return await _or_undo(aiofiles.open(path, mode, buffering=0, opener=opener),
+                          lambda f: _abandon(f, path, remove_if_abandoned, loop))
 
 
-async def in_thread_or_undo(call: Callable[[], T], undo: Callable[[T], None]) -> T:
-    """``call()`` in the loop's default executor; if the caller is cancelled while it runs, ``undo(result)``
-    runs in the loop once it returns (a descriptor opened, a lock taken: released, never leaked). ``undo``
-    must not raise."""
-    running: asyncio.Future[T] = asyncio.ensure_future(asyncio.to_thread(call))
+async def _or_undo(call: Awaitable[T], undo: Callable[[T], None]) -> T:
+    """The result of ``call``, which a cancellation of the caller does not stop; if the caller is cancelled,
+    ``undo(result)`` runs in the loop once ``call`` returns. ``undo`` must not raise."""
+    running: asyncio.Future[T] = asyncio.ensure_future(call)
     try:
         return await asyncio.shield(running)
     except asyncio.CancelledError:
@@ -118,6 +110,13 @@ async def in_thread_or_undo(call: Callable[[], T], undo: Callable[[T], None]) ->
 
         running.add_done_callback(_undone)
         raise
+
+
+async def in_thread_or_undo(call: Callable[[], T], undo: Callable[[T], None]) -> T:
+    """``call()`` in the loop's default executor; if the caller is cancelled while it runs, ``undo(result)``
+    runs in the loop once it returns (a descriptor opened, a lock taken: released, never leaked). ``undo``
+    must not raise."""
+    return await _or_undo(asyncio.to_thread(call), undo)
 
 
 class Inflight:
