@@ -3,15 +3,17 @@
     python -m tests.soak --seed 0 --trials 150             # passes: liveness, exactly once, clear errors
     python -m tests.soak --mode resume --seed 0 --trials 60  # checkpoints at random points, resumed on fresh objects
     python -m tests.soak --s3 --seed 0 --trials 100          # and a fourth store: the shards on moto (s3://)
+    python -m tests.soak --local --seed 0 --trials 100       # and local files and ``pipe:cat`` commands
 
 Each trial draws a configuration: a single dataset, a ``RandomMix`` or a ``RoundRobin`` of 2-5 sources over the
 emulated http store (well behaved; slow: 30 ms to first byte and 3 MB/s per connection; faulty: 503s and bodies cut
-short; with ``--s3`` also moto's S3 in server mode), budgets from 64 KiB (below the largest samples) to 32 MiB, 1-3
-fixed connections or ``auto``, ranged parts, arrival order, shuffle buffers, ``resampled`` sources, a missing,
-truncated or corrupt shard with or without a handler, DataLoader workers, the node service, a shard cache, and a
-consumer that leaves after 1, 5 or 30 samples. After each trial no socket, file or engine thread may be left open. A pass
-that delivers nothing for 40 s is reported as a hang with every thread's stack, and the soak stops there (the
-engine's state is what to look at next). In ``resume`` mode the pieces read between checkpoints (through
+short; with ``--s3`` also moto's S3 in server mode, with ``--local`` also the files themselves and ``pipe:cat``
+commands), budgets from 64 KiB (below the largest samples) to 32 MiB, 1-3 fixed connections or ``auto``, ranged
+parts, arrival order, shuffle buffers, ``resampled`` sources, a missing, truncated or corrupt shard with or without
+a handler, DataLoader workers, the node service, a shard cache, and a consumer that leaves after 1, 5 or 30 samples.
+After each trial no socket, file, engine thread or child process (a ``pipe:`` command) may be left. A pass that
+delivers nothing for 40 s is reported as a hang with every thread's stack, and the soak stops there (the engine's
+state is what to look at next). In ``resume`` mode the pieces read between checkpoints (through
 ``StatefulDataLoader`` when workers are drawn) must equal an uninterrupted pass. Prints one line per trial (``OK``
 or ``BAD``); exits 1 if any was bad.
 
@@ -83,9 +85,10 @@ def _upload(root: Path, endpoint: str) -> str:
     return "s3://soak/"
 
 
-def _draw(rng: random.Random, resume: bool, s3: bool) -> dict[str, Any]:
+def _draw(rng: random.Random, resume: bool, s3: bool, local: bool = False) -> dict[str, Any]:
     stores = ["clean", "faulty"] if resume else ["clean", "slow", "faulty"]
     stores += ["s3"] if s3 else []
+    stores += ["file", "pipe"] if local else []
     kind = rng.choice(["mix", "mix", "round-robin"] if resume else ["mix", "mix", "round-robin", "single"])
     cfg: dict[str, Any] = dict(
         store=rng.choice(stores), kind=kind,
@@ -215,15 +218,31 @@ def _pass(cfg: dict[str, Any], counts: dict[tuple[str, int], int], base: str, se
     return None if per == want else f"per source {per}, expected {want}"
 
 
-def _held() -> tuple[dict[str, str], int]:
-    """This process's open descriptors (number: what it is) and engine threads now."""
+def _held() -> tuple[dict[str, str], int, set[int]]:
+    """This process's open descriptors (number: what it is), engine threads and child processes (running or not
+    reaped: a ``pipe:`` command left behind) now."""
     fds = {}
     for fd in os.listdir("/proc/self/fd"):
         try:
             fds[fd] = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:  # closed meanwhile (the listing's own descriptor among them)
             pass
-    return fds, sum(t.name == "wds-async-engine" for t in threading.enumerate())
+    return fds, sum(t.name == "wds-async-engine" for t in threading.enumerate()), _children()
+
+
+def _children() -> set[int]:
+    me = str(os.getpid())
+    found = set()
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[1] == me:  # the parent's pid (fields after the command name: state, ppid, ...)
+                found.add(int(pid))
+    return found
 
 
 #: Descriptors a first trial may leave for good: pipes and shared memory of DataLoader workers and torch, and the
@@ -231,18 +250,20 @@ def _held() -> tuple[dict[str, str], int]:
 _PROCESS_WIDE = ("pipe:", "anon_inode:", "/dev/shm/", "/dev/null", "/dev/urandom")
 
 
-def _leaked(before: tuple[dict[str, str], int]) -> str | None:
-    """The sockets, files and engine threads a trial left open beyond ``before``, once closes had 2 s to finish."""
+def _leaked(before: tuple[dict[str, str], int, set[int]]) -> str | None:
+    """The sockets, files, engine threads and child processes a trial left beyond ``before``, once closes had 2 s
+    to finish."""
     deadline = time.monotonic() + 2.0
     while True:
         gc.collect()
-        fds, threads = _held()
+        fds, threads, children = _held()
         left = sorted(what for fd, what in fds.items()
                       if before[0].get(fd) != what and not what.startswith(_PROCESS_WIDE))
-        if not left and threads <= before[1]:
+        extra = sorted(children - before[2])
+        if not left and threads <= before[1] and not extra:
             return None
         if time.monotonic() > deadline:
-            return f"left open: {left}, {threads - before[1]} engine threads"
+            return f"left open: {left}, {threads - before[1]} engine threads, child processes {extra}"
         time.sleep(0.05)
 
 
@@ -286,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trials", type=int, default=50)
     p.add_argument("--service-connections", type=int, default=4, help="max_connections of the node service")
     p.add_argument("--s3", action="store_true", help="also draw the shards from moto in server mode (s3://)")
+    p.add_argument("--local", action="store_true", help="also draw local files and pipe:cat commands")
     args = p.parse_args(argv)
     rng = random.Random(args.seed)
     bad = 0
@@ -303,12 +325,14 @@ def main(argv: list[str] | None = None) -> int:
                 bases[name] = store.__enter__().base_url
             if s3 is not None:
                 bases["s3"] = _upload(root, s3.__enter__())
+            bases["file"] = f"{root}/"
+            bases["pipe"] = f"pipe:cat {root}/"
             if args.mode == "pass":
                 from wds_async.service import start_service
                 service = start_service(os.path.join(tmp, "svc.sock"), max_connections=args.service_connections)
                 service.__enter__()
             for trial in range(args.trials):
-                cfg = _draw(rng, args.mode == "resume", args.s3)
+                cfg = _draw(rng, args.mode == "resume", args.s3, args.local)
                 started = time.monotonic()
                 base = bases[cfg["store"]]
                 before = _held()
