@@ -10,6 +10,11 @@ and, after a short grace, SIGKILL, and is reaped: we never wait for a command to
 A pipe cannot seek, so ``open(start=N)`` re-runs the command and discards the first ``N`` bytes.
 An open cancelled while the command starts lets the start finish and then stops the command (Python
 3.11's ``create_subprocess_shell`` hangs when cancelled mid-start).
+
+Commands start one at a time in a process (:data:`_STARTING`, queued per loop), whatever loop starts them: uvloop refuses a
+spawn while another loop of the process is forking (``RuntimeError: Racing with another loop to spawn a
+process``), and every dataset that does not share an engine runs its own loop: a training set and an
+evaluation set iterated together, a mix's sources with other options, a shuffle buffer refilled on resume.
 """
 
 from __future__ import annotations
@@ -18,17 +23,19 @@ import asyncio
 import os
 import signal
 import tempfile
-from collections.abc import AsyncIterator
+import threading
+import weakref
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from typing import IO
 
+from wds_async._aio import in_thread_or_undo
 from wds_async.errors import BackendError, NotFound, PipeError, UrlError
 from wds_async.io.backend import ByteStream, Capabilities
 
 __all__ = ["PipeBackend", "pipe_command", "pipes_allowed"]
 
 STDERR_TAIL_BYTES = 2048
-
 
 def pipes_allowed(allow_pipe: bool | None = None) -> bool:
     if allow_pipe is not None:
@@ -60,6 +67,44 @@ def _describe(returncode: int) -> str:
             name = str(-returncode)
         return f"killed by signal {name}"
     return f"exited with status {returncode}"
+
+
+#: Held while a command starts (a fork and an exec: milliseconds), by whichever loop of the process starts one.
+_STARTING = threading.Lock()
+#: Each loop's own queue for that lock: starts of one loop wait their turn on the loop, not in threads.
+_LOOP_TURNS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
+
+
+def _new_lock_in_child() -> None:
+    global _STARTING
+    _STARTING = threading.Lock()  # a fork copies the lock as it was; a start in another thread never ends here
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
+
+
+async def _take_turn() -> Callable[[], None]:
+    """This start's turn, taken; returns what gives it back. The loop's queue first (a start of the same loop
+    waits on the loop), then the process's lock: at once when free, else waited for in a thread (and, for a
+    caller cancelled meanwhile, released once that thread gets it)."""
+    loop = asyncio.get_running_loop()
+    queue = _LOOP_TURNS.get(loop)
+    if queue is None:
+        queue = _LOOP_TURNS[loop] = asyncio.Lock()
+    await queue.acquire()
+    lock = _STARTING
+    try:
+        if not lock.acquire(blocking=False):
+            await in_thread_or_undo(lock.acquire, lambda _: lock.release())
+    except BaseException:
+        queue.release()
+        raise
+
+    def give_back() -> None:
+        lock.release()
+        queue.release()
+
+    return give_back
 
 
 class PipeBackend:
@@ -132,22 +177,31 @@ class PipeBackend:
         Python 3.11 hangs for good when ``create_subprocess_shell`` is cancelled after the fork (its cleanup
         waits for pipes that were never connected; 3.12 fixed it), and a consumer that stops early cancels
         exactly there. So the start runs shielded in a task of its own; a cancellation waits for it (a fork
-        and an exec: milliseconds), stops the command, then propagates."""
-        start = asyncio.ensure_future(asyncio.create_subprocess_shell(
-            cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=errfile,
-            start_new_session=True, cwd=self.cwd, env=self.env,
-        ))
+        and an exec: milliseconds), stops the command, then propagates. Starts are one at a time in the process
+        (see the module docstring)."""
+        give_back: Callable[[], None] | None = await _take_turn()
         try:
-            return await asyncio.shield(start)
-        except asyncio.CancelledError:
-            while not start.done():
-                with suppress(asyncio.CancelledError):
-                    await asyncio.shield(start)
-            if not start.cancelled() and start.exception() is None:
-                await self._stop(start.result())
-            raise
-        except OSError as exc:
-            raise BackendError(f"cannot start the shell for the pipe: command: {exc}", url=url) from None
+            start = asyncio.ensure_future(asyncio.create_subprocess_shell(
+                cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=errfile,
+                start_new_session=True, cwd=self.cwd, env=self.env,
+            ))
+            try:
+                return await asyncio.shield(start)
+            except asyncio.CancelledError:
+                while not start.done():
+                    with suppress(asyncio.CancelledError):
+                        await asyncio.shield(start)
+                if give_back is not None:
+                    give_back()  # started: the next start need not wait for this command to be stopped
+                    give_back = None
+                if not start.cancelled() and start.exception() is None:
+                    await self._stop(start.result())
+                raise
+            except OSError as exc:
+                raise BackendError(f"cannot start the shell for the pipe: command: {exc}", url=url) from None
+        finally:
+            if give_back is not None:
+                give_back()
 
     async def _stop(self, proc: asyncio.subprocess.Process) -> None:
         """Terminate the command's process group if it still runs; always reap it."""
