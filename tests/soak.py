@@ -35,6 +35,7 @@ import tarfile
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -336,8 +337,12 @@ def main(argv: list[str] | None = None) -> int:
                 started = time.monotonic()
                 base = bases[cfg["store"]]
                 before = _held()
-                wrong = (_resumed(cfg, base) if args.mode == "resume" else
-                         _pass(cfg, counts, base, service.url if service else None)) or _leaked(before)
+                try:
+                    wrong = (_resumed(cfg, base) if args.mode == "resume" else
+                             _pass(cfg, counts, base, service.url if service else None)) or _leaked(before)
+                except Exception as exc:  # a resumed pass has no bad shard: any error is the trial's failure
+                    traceback.print_exc()
+                    wrong = f"error: {type(exc).__name__}: {exc}"
                 bad += wrong is not None
                 print("OK " if wrong is None else "BAD", trial, f"{time.monotonic() - started:.2f}s", wrong or "",
                       json.dumps(cfg), flush=True)
