@@ -32,6 +32,8 @@ COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("throttled", "wds_async_throttled", "Answers asking to slow down (429, 503 SlowDown)."),
     ("cache_hits", "wds_async_cache_hits", "Items read from a complete copy in the shard cache."),
     ("cache_fills", "wds_async_cache_fills", "Shards written to the shard cache."),
+    ("cache_bypasses", "wds_async_cache_bypasses",
+     "Shards read from the store uncached because another process's fill of them stalled."),
     ("batches_read_ahead", "wds_async_batches_read_ahead",
      "Random access: batches whose reads had started before the DataLoader asked for them."),
     ("shards_done", "wds_async_shards_done", "Shards read to their end."),

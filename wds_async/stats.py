@@ -57,6 +57,7 @@ class Stats:
     parts: int = 0                 # extra ranged parts fetched beside large shards' in-order reads
     cache_hits: int = 0            # items read from a complete copy in the shard cache
     cache_fills: int = 0           # shards written to the shard cache (committed) while they streamed
+    cache_bypasses: int = 0        # shards read from the store, uncached, while another process's fill of them stalled
     batches_read_ahead: int = 0    # random access: batches whose reads had started before they were asked for
     ttfb_s: float | None = None    # time to first byte, a moving average over requests
     request_bytes: float | None = None  # bytes an answered request asks for, a moving average (see observe_ttfb)
@@ -123,6 +124,7 @@ class Stats:
             "parts": self.parts,
             "cache_hits": self.cache_hits,
             "cache_fills": self.cache_fills,
+            "cache_bypasses": self.cache_bypasses,
             "batches_read_ahead": self.batches_read_ahead,
             "ttfb_ms": None if self.ttfb_s is None else round(self.ttfb_s * 1000, 1),
             "concurrency": self.concurrency,
@@ -150,7 +152,7 @@ class Stats:
 #: What one worker's slot holds, in order (all as doubles; integers below 2**53 are exact).
 _COUNTERS = ("bytes_read", "samples_read", "samples_delivered", "shards_total", "shards_done", "shards_in_flight",
              "shards_skipped", "samples_skipped", "retries", "requests", "throttled", "parts", "cache_hits",
-             "cache_fills", "batches_read_ahead", "open_streams",
+             "cache_fills", "cache_bypasses", "batches_read_ahead", "open_streams",
              "concurrency", "concurrency_cap", "buffered_bytes", "buffer_limit", "reserved_bytes",
              "peak_buffered_bytes")
 _HEAD = ("seq", "workers", "started", "stamp", "wait_seconds", "ttfb_s", "first_sample_at")

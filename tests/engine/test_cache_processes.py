@@ -105,7 +105,7 @@ def test_a_stalled_filler_is_bypassed(served: tuple[StoreProcess, Path], tmp_pat
         assert ds.cache is not None
         ds.cache.stall_seconds = 0.3
         assert sample_digest(ds) == expected
-        assert ds.stats()["cache_fills"] == N - 1
+        assert ds.stats()["cache_fills"] == N - 1 and ds.stats()["cache_bypasses"] == 1
     finally:
         os.close(held)
     assert {e.url for e in sc.entries()} == set(urls) - {urls[1]}

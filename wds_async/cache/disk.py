@@ -285,6 +285,8 @@ class ShardCache:
             elif now - stalled_since >= self.stall_seconds:
                 log.info("cache: %s has been filled by another process without progress for %.1f s; reading "
                          "it from the store", redact_url(url), self.stall_seconds)
+                if stats is not None:
+                    stats.cache_bypasses += 1
                 return None
             await asyncio.sleep(0.1)
 

@@ -212,7 +212,7 @@ class Service:
     async def _aggregate(self) -> None:
         """Sum the sessions' counters into the service-wide ones the autotuner reads, every tick."""
         names = ("bytes_read", "throttled", "requests", "retries", "samples_read", "samples_delivered",
-                 "shards_done", "shards_skipped", "cache_hits", "cache_fills")
+                 "shards_done", "shards_skipped", "cache_hits", "cache_fills", "cache_bypasses")
         while True:
             live = list(self.sessions)
             stats = self.stats
@@ -231,7 +231,7 @@ class Service:
         self.sessions.discard(session)
         self._tasks.pop(session, None)
         for name in ("bytes_read", "throttled", "requests", "retries", "samples_read", "samples_delivered",
-                     "shards_done", "shards_skipped", "cache_hits", "cache_fills", "wait_seconds"):
+                     "shards_done", "shards_skipped", "cache_hits", "cache_fills", "cache_bypasses", "wait_seconds"):
             setattr(self._retired, name, getattr(self._retired, name) + getattr(session.stats, name))
 
     async def run(self, on_ready: Callable[[], None] | None = None) -> None:
