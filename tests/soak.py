@@ -4,6 +4,7 @@
     python -m tests.soak --mode resume --seed 0 --trials 60  # checkpoints at random points, resumed on fresh objects
     python -m tests.soak --s3 --seed 0 --trials 100          # and a fourth store: the shards on moto (s3://)
     python -m tests.soak --local --seed 0 --trials 100       # and local files and ``pipe:cat`` commands
+    python -m tests.soak --mode random --seed 0 --trials 100 # random access: IndexedWebDataset and samplers
 
 Each trial draws a configuration: a single dataset, a ``RandomMix`` or a ``RoundRobin`` of 2-5 sources over the
 emulated http store (well behaved; slow: 30 ms to first byte and 3 MB/s per connection; faulty: 503s and bodies cut
@@ -15,7 +16,11 @@ After each trial no socket, file, engine thread or child process (a ``pipe:`` co
 delivers nothing for 40 s is reported as a hang with every thread's stack, and the soak stops there (the engine's
 state is what to look at next). In ``resume`` mode the pieces read between checkpoints (through
 ``StatefulDataLoader`` when workers are drawn) must equal an uninterrupted pass. Prints one line per trial (``OK``
-or ``BAD``); exits 1 if any was bad.
+or ``BAD``); exits 1 if any was bad. In ``random`` mode each trial reads an epoch of ``IndexedWebDataset`` over 1-3
+groups of shards (an index built once per store and list, or ``nsamples``) through a ``DataLoader`` (0 or 2 workers,
+batches of 1, 7 or 64) and a random, block-shuffle or sequential sampler, with budgets, connections, coalescing,
+read-ahead and a cache drawn as above: every sample must come in the sampler's order, each the one streaming gives at
+its index (a consumer that leaves after 1 or 3 batches: the batches it took).
 
 ``tests/engine/test_matrix.py`` runs a fixed draw of the same kind of settings in CI; this is the long version,
 which found two hangs and an engine stop of a mix, fixed on 2026-11-29 (see docs/design.md, *Mixes*).
@@ -301,9 +306,106 @@ def _resumed(cfg: dict[str, Any], base: str) -> str | None:
     return f"pieces differ from the uninterrupted pass at sample {at} ({len(pieces)} against {len(full)})"
 
 
+def _draw_random(rng: random.Random, s3: bool, local: bool) -> dict[str, Any]:
+    stores = ["clean", "slow", "faulty"] + (["s3"] if s3 else []) + (["file"] if local else [])  # no ranges on pipe:
+    return dict(
+        store=rng.choice(stores), groups=rng.sample(list(GROUPS), rng.choice([1, 2, 3])),
+        source=rng.choice([0, 1, 2]), budget=rng.choice([64 << 10, 256 << 10, 1 << 20, 32 << 20]),
+        connections=rng.choice(["auto", 1, 3]), coalesce=rng.choice([0, 64 << 10, 8 << 20]),
+        readahead=rng.choice([0, 2]), sampler=rng.choice(["random", "block", "sequential"]),
+        block=rng.choice([1, 4, 16]), batch=rng.choice([1, 7, 64]), workers=rng.choice([0, 0, 2]),
+        cache=rng.random() < 0.2, nsamples=rng.random() < 0.2, stop=rng.choice([None, None, 1, 3]),
+        seed=rng.randrange(1000))
+
+
+class _Indexes:
+    """Each store's index of each list of shards, built once (an index records the store's object identities)."""
+
+    def __init__(self) -> None:
+        self.built: dict[tuple[str, ...], Any] = {}
+
+    def get(self, urls: list[str]) -> Any:
+        key = tuple(urls)
+        if key not in self.built:
+            self.built[key] = wds.build_index(urls, max_connections=4)
+        return self.built[key]
+
+
+def _random_urls(cfg: dict[str, Any], base: str) -> list[str]:
+    return [base + f"{group}/s{cfg['source']}/shard-{j:06d}.tar" for group in cfg["groups"]
+            for j in range(GROUPS[group][0])]
+
+
+def _name(sample: dict[str, Any]) -> tuple[str, str]:
+    return sample["__url__"].rsplit("/", 3)[-3] + "/" + sample["__url__"].rsplit("/", 1)[-1], sample["__key__"]
+
+
+def _random(cfg: dict[str, Any], base: str, indexes: _Indexes) -> str | None:
+    """An epoch of ``IndexedWebDataset`` through a DataLoader and a sampler: every index once, in the sampler's
+    order (batches in order, with workers too), each the sample streaming gives at that index; or, with a
+    consumer that leaves, the batches it took."""
+    import torch
+    from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
+
+    urls = _random_urls(cfg, base)
+    expected = [_name(s) for s in wds.WebDataset(urls, nodesplitter=None, workersplitter=None)]
+    cache = tempfile.mkdtemp(prefix="soak-cache-") if cfg["cache"] else None
+    options: dict[str, Any] = dict(max_buffered_bytes=cfg["budget"], max_connections=cfg["connections"],
+                                   coalesce_bytes=cfg["coalesce"], readahead=cfg["readahead"], cache_dir=cache)
+    if cfg["nsamples"]:
+        counts: dict[str, int] = {}
+        for url, _ in expected:
+            counts[url] = counts.get(url, 0) + 1
+        ds = wds.IndexedWebDataset(urls, nsamples=list(counts.values()), **options)
+    else:
+        ds = wds.IndexedWebDataset(urls, index=indexes.get(urls), **options)
+    ds = ds.map(_name)
+    if cfg["sampler"] == "random":
+        order = list(RandomSampler(range(len(expected)), generator=torch.Generator().manual_seed(cfg["seed"])))
+        sampler: Any = RandomSampler(ds, generator=torch.Generator().manual_seed(cfg["seed"]))
+    elif cfg["sampler"] == "block":
+        sampler = wds.BlockShuffleSampler(ds, block_size=cfg["block"], seed=cfg["seed"], num_replicas=1, rank=0)
+        order = list(wds.BlockShuffleSampler(len(expected), block_size=cfg["block"], seed=cfg["seed"],
+                                             num_replicas=1, rank=0))
+    else:
+        sampler, order = SequentialSampler(ds), list(range(len(expected)))
+    watch = _Watch(json.dumps(cfg))
+    got: list[tuple[str, str]] = []
+    error: BaseException | None = None
+    loader = DataLoader(ds, batch_size=cfg["batch"], sampler=sampler, num_workers=cfg["workers"],
+                        collate_fn=list)
+    it = iter(loader)
+    try:
+        for batches, batch in enumerate(it, 1):
+            got.extend(tuple(x) for x in batch)
+            watch.tick()
+            if cfg["stop"] is not None and batches >= cfg["stop"]:
+                break
+    except Exception as exc:
+        error = exc
+    finally:
+        watch.stop()
+        close = getattr(it, "_shutdown_workers", None)
+        if close is not None:
+            close()
+        del it, loader
+        ds.close()
+        if cache:
+            shutil.rmtree(cache, ignore_errors=True)
+    if error is not None:
+        return f"error: {type(error).__name__}: {error}"
+    want = [expected[i] for i in order]
+    if cfg["stop"] is not None:
+        want = want[:len(got)]
+    if got != want:
+        at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        return f"differs from the sampler's order at sample {at} ({len(got)} against {len(want)})"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--mode", choices=("pass", "resume"), default="pass")
+    p.add_argument("--mode", choices=("pass", "resume", "random"), default="pass")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trials", type=int, default=50)
     p.add_argument("--service-connections", type=int, default=4, help="max_connections of the node service")
@@ -332,14 +434,21 @@ def main(argv: list[str] | None = None) -> int:
                 from wds_async.service import start_service
                 service = start_service(os.path.join(tmp, "svc.sock"), max_connections=args.service_connections)
                 service.__enter__()
+            indexes = _Indexes()
             for trial in range(args.trials):
-                cfg = _draw(rng, args.mode == "resume", args.s3, args.local)
+                cfg = (_draw_random(rng, args.s3, args.local) if args.mode == "random" else
+                       _draw(rng, args.mode == "resume", args.s3, args.local))
                 started = time.monotonic()
                 base = bases[cfg["store"]]
                 before = _held()
                 try:
-                    wrong = (_resumed(cfg, base) if args.mode == "resume" else
-                             _pass(cfg, counts, base, service.url if service else None)) or _leaked(before)
+                    if args.mode == "random":
+                        wrong = _random(cfg, base, indexes)
+                    elif args.mode == "resume":
+                        wrong = _resumed(cfg, base)
+                    else:
+                        wrong = _pass(cfg, counts, base, service.url if service else None)
+                    wrong = wrong or _leaked(before)
                 except Exception as exc:  # a resumed pass has no bad shard: any error is the trial's failure
                     traceback.print_exc()
                     wrong = f"error: {type(exc).__name__}: {exc}"
