@@ -11,10 +11,11 @@ A pipe cannot seek, so ``open(start=N)`` re-runs the command and discards the fi
 An open cancelled while the command starts lets the start finish and then stops the command (Python
 3.11's ``create_subprocess_shell`` hangs when cancelled mid-start).
 
-Commands start one at a time in a process (:data:`_STARTING`, queued per loop), whatever loop starts them: uvloop refuses a
-spawn while another loop of the process is forking (``RuntimeError: Racing with another loop to spawn a
-process``), and every dataset that does not share an engine runs its own loop: a training set and an
-evaluation set iterated together, a mix's sources with other options, a shuffle buffer refilled on resume.
+Commands start one at a time in a process (:data:`_STARTING`, queued per loop), whatever loop starts
+them: uvloop refuses a spawn while another loop of the process is forking (``RuntimeError: Racing with
+another loop to spawn a process``), and every dataset that does not share an engine runs its own loop: a
+training set and an evaluation set iterated together, a mix's sources with other options, a shuffle
+buffer refilled on resume.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from wds_async.io.backend import ByteStream, Capabilities
 __all__ = ["PipeBackend", "pipe_command", "pipes_allowed"]
 
 STDERR_TAIL_BYTES = 2048
+
 
 def pipes_allowed(allow_pipe: bool | None = None) -> bool:
     if allow_pipe is not None:
