@@ -29,6 +29,7 @@ which found two hangs and an engine stop of a mix, fixed on 2026-11-29 (see docs
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import faulthandler
 import gc
 import json
@@ -315,7 +316,7 @@ def _draw_random(rng: random.Random, s3: bool, local: bool) -> dict[str, Any]:
         readahead=rng.choice([0, 2]), sampler=rng.choice(["random", "block", "sequential"]),
         block=rng.choice([1, 4, 16]), batch=rng.choice([1, 7, 64]), workers=rng.choice([0, 0, 2]),
         cache=rng.random() < 0.2, nsamples=rng.random() < 0.2, stop=rng.choice([None, None, 1, 3]),
-        seed=rng.randrange(1000))
+        bad=rng.choice([None, None, None, "trunc", "corrupt"]), seed=rng.randrange(1000))
 
 
 class _Indexes:
@@ -349,16 +350,23 @@ def _random(cfg: dict[str, Any], base: str, indexes: _Indexes) -> str | None:
 
     urls = _random_urls(cfg, base)
     expected = [_name(s) for s in wds.WebDataset(urls, nodesplitter=None, workersplitter=None)]
+    counts = [sum(1 for _ in wds.WebDataset(url, nodesplitter=None, workersplitter=None)) for url in urls]
+    entries = indexes.get(urls).shards if not cfg["nsamples"] else []
+    bad = cfg.get("bad")
+    if bad:  # a last shard whose index (or count) is a good shard's: the bytes served are truncated or corrupt
+        good_url, bad_url = base + "small/s0/shard-000000.tar", base + f"bad/{bad}-000000.tar"
+        good = [_name(s) for s in wds.WebDataset(good_url, nodesplitter=None, workersplitter=None)]
+        urls, counts = [*urls, bad_url], [*counts, len(good)]
+        expected += [_name({"__url__": bad_url, "__key__": key}) for _, key in good]
+        if not cfg["nsamples"]:
+            entries = [*entries, dataclasses.replace(indexes.get([good_url]).shards[0], url=bad_url)]
     cache = tempfile.mkdtemp(prefix="soak-cache-") if cfg["cache"] else None
     options: dict[str, Any] = dict(max_buffered_bytes=cfg["budget"], max_connections=cfg["connections"],
                                    coalesce_bytes=cfg["coalesce"], readahead=cfg["readahead"], cache_dir=cache)
     if cfg["nsamples"]:
-        counts: dict[str, int] = {}
-        for url, _ in expected:
-            counts[url] = counts.get(url, 0) + 1
-        ds = wds.IndexedWebDataset(urls, nsamples=list(counts.values()), **options)
+        ds = wds.IndexedWebDataset(urls, nsamples=counts, **options)
     else:
-        ds = wds.IndexedWebDataset(urls, index=indexes.get(urls), **options)
+        ds = wds.IndexedWebDataset(urls, index=wds.ShardIndex(entries), **options)
     ds = ds.map(_name)
     if cfg["sampler"] == "random":
         order = list(RandomSampler(range(len(expected)), generator=torch.Generator().manual_seed(cfg["seed"])))
@@ -392,9 +400,13 @@ def _random(cfg: dict[str, Any], base: str, indexes: _Indexes) -> str | None:
         ds.close()
         if cache:
             shutil.rmtree(cache, ignore_errors=True)
-    if error is not None:
-        return f"error: {type(error).__name__}: {error}"
     want = [expected[i] for i in order]
+    if error is not None:
+        if not (bad and f"bad/{bad}-000000.tar" in str(error)):
+            return f"error: {type(error).__name__}: {error}"
+        want = want[:len(got)]  # what came before the error must be right
+    elif bad and cfg["stop"] is None:
+        return "no error naming the bad shard"
     if cfg["stop"] is not None:
         want = want[:len(got)]
     if got != want:
