@@ -112,7 +112,34 @@ def _draw(rng: random.Random, resume: bool, s3: bool, local: bool = False) -> di
                    service=rng.random() < 0.15, cache=rng.random() < 0.15,
                    stop=rng.choice([None, None, None, 1, 5, 30]))
         cfg["cache"] = cfg["cache"] and not cfg["service"]
+    cfg["index"] = not cfg["resampled"] and rng.random() < 0.3  # shares of samples, cut from the shards' index
     return cfg
+
+
+class _Indexes:
+    """Each store's index of each list of shards, built once (an index records the store's object identities)."""
+
+    def __init__(self) -> None:
+        self.built: dict[tuple[str, ...], Any] = {}
+
+    def get(self, urls: list[str]) -> Any:
+        key = tuple(urls)
+        if key not in self.built:
+            self.built[key] = wds.build_index(urls, max_connections=4)
+        return self.built[key]
+
+
+_INDEXES = _Indexes()
+
+
+def _index_of(urls: list[str], base: str) -> Any:
+    """The index of ``urls``; a bad shard's entry is a good shard's (its bytes are missing, cut or corrupt)."""
+    good = [u for u in urls if "/bad/" not in u]
+    entries = list(_INDEXES.get(good).shards)
+    for url in urls:
+        if "/bad/" in url:
+            entries.append(dataclasses.replace(_INDEXES.get([base + "small/s0/shard-000000.tar"]).shards[0], url=url))
+    return wds.ShardIndex(entries)
 
 
 def _keyed(source: int) -> Callable[[dict[str, Any]], tuple[int, str]]:
@@ -136,6 +163,8 @@ def _build(cfg: dict[str, Any], base: str, service: str | None, cache: str | Non
             options["service"] = service
         if cache:
             options["cache_dir"] = cache
+        if cfg.get("index"):
+            options["index"] = _index_of(urls, base)
         ds = wds.WebDataset(urls, **options)
         if cfg["resampled"]:
             ds = ds.with_epoch(EPOCH)
@@ -207,19 +236,24 @@ def _pass(cfg: dict[str, Any], counts: dict[tuple[str, int], int], base: str, se
         del it
         if cache:
             shutil.rmtree(cache, ignore_errors=True)
+    # With an index and workers, equal shares pad the last ones with the first samples (drop_last=False)
+    pads = [(-counts[(g, i)]) % cfg["workers"] if cfg.get("index") and cfg["workers"] else 0
+            for i, g in enumerate(cfg["groups"])]
+    twice = len(got) - len(set(got))
     if stop is not None and len(got) >= stop:
         if error is not None:
             return f"error: {type(error).__name__}: {error}"
-        return None if cfg["resampled"] or len(got) == len(set(got)) else "samples twice before the stop"
+        return None if cfg["resampled"] or twice <= sum(pads) else "samples twice before the stop"
     whole = cfg["kind"] == "single" or cfg["longest"]
     if cfg["bad"] and not cfg["handled"] and not cfg["resampled"] and whole:
         return None if error is not None and cfg["bad"] in str(error) else f"no error naming the bad shard: {error!r}"
     if error is not None and not (cfg["bad"] and not cfg["handled"] and cfg["bad"] in str(error)):
         return f"error: {type(error).__name__}: {error}"
-    if not cfg["resampled"] and len(got) != len(set(got)):
-        return f"{len(got) - len(set(got))} samples twice"
+    if not cfg["resampled"] and twice > sum(pads):
+        return f"{twice} samples twice"
     per = [sum(1 for s, _ in got if s == i) for i in range(len(cfg["groups"]))]
-    want = [EPOCH * (cfg["workers"] or 1) if cfg["resampled"] else counts[(g, i)] for i, g in enumerate(cfg["groups"])]
+    want = [EPOCH * (cfg["workers"] or 1) if cfg["resampled"] else counts[(g, i)] + pads[i]
+            for i, g in enumerate(cfg["groups"])]
     if cfg["bad"] or not whole:
         return None if cfg["bad"] or all(p <= w for p, w in zip(per, want)) else f"per source {per}, at most {want}"
     return None if per == want else f"per source {per}, expected {want}"
@@ -317,19 +351,6 @@ def _draw_random(rng: random.Random, s3: bool, local: bool) -> dict[str, Any]:
         block=rng.choice([1, 4, 16]), batch=rng.choice([1, 7, 64]), workers=rng.choice([0, 0, 2]),
         cache=rng.random() < 0.2, nsamples=rng.random() < 0.2, stop=rng.choice([None, None, 1, 3]),
         bad=rng.choice([None, None, None, "trunc", "corrupt"]), seed=rng.randrange(1000))
-
-
-class _Indexes:
-    """Each store's index of each list of shards, built once (an index records the store's object identities)."""
-
-    def __init__(self) -> None:
-        self.built: dict[tuple[str, ...], Any] = {}
-
-    def get(self, urls: list[str]) -> Any:
-        key = tuple(urls)
-        if key not in self.built:
-            self.built[key] = wds.build_index(urls, max_connections=4)
-        return self.built[key]
 
 
 def _random_urls(cfg: dict[str, Any], base: str) -> list[str]:
@@ -446,7 +467,6 @@ def main(argv: list[str] | None = None) -> int:
                 from wds_async.service import start_service
                 service = start_service(os.path.join(tmp, "svc.sock"), max_connections=args.service_connections)
                 service.__enter__()
-            indexes = _Indexes()
             for trial in range(args.trials):
                 cfg = (_draw_random(rng, args.s3, args.local) if args.mode == "random" else
                        _draw(rng, args.mode == "resume", args.s3, args.local))
@@ -455,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
                 before = _held()
                 try:
                     if args.mode == "random":
-                        wrong = _random(cfg, base, indexes)
+                        wrong = _random(cfg, base, _INDEXES)
                     elif args.mode == "resume":
                         wrong = _resumed(cfg, base)
                     else:
