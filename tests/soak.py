@@ -146,12 +146,18 @@ def _keyed(source: int) -> Callable[[dict[str, Any]], tuple[int, str]]:
     return lambda s: (source, s["__url__"].rsplit("/", 1)[-1] + "/" + s["__key__"])
 
 
+def _source_urls(cfg: dict[str, Any], i: int, group: str, base: str) -> list[str]:
+    """Source ``i``'s shards: its group's, and in the last source the bad shard (if any) half-way."""
+    urls = [base + f"{group}/s{i}/shard-{j:06d}.tar" for j in range(GROUPS[group][0])]
+    if cfg["bad"] and i == len(cfg["groups"]) - 1:
+        urls.insert(len(urls) // 2, base + f"bad/{cfg['bad']}-000000.tar")
+    return urls
+
+
 def _build(cfg: dict[str, Any], base: str, service: str | None, cache: str | None) -> Any:
     sources = []
     for i, group in enumerate(cfg["groups"]):
-        urls = [base + f"{group}/s{i}/shard-{j:06d}.tar" for j in range(GROUPS[group][0])]
-        if cfg["bad"] and i == len(cfg["groups"]) - 1:
-            urls.insert(len(urls) // 2, base + f"bad/{cfg['bad']}-000000.tar")
+        urls = _source_urls(cfg, i, group, base)
         options: dict[str, Any] = dict(
             max_buffered_bytes=cfg["budget"], max_connections=cfg["connections"], part_bytes=cfg["parts"],
             deterministic=cfg["ordered"], nodesplitter=None, resampled=cfg["resampled"],
@@ -236,9 +242,10 @@ def _pass(cfg: dict[str, Any], counts: dict[tuple[str, int], int], base: str, se
         del it
         if cache:
             shutil.rmtree(cache, ignore_errors=True)
-    # With an index and workers, equal shares pad the last ones with the first samples (drop_last=False)
-    pads = [(-counts[(g, i)]) % cfg["workers"] if cfg.get("index") and cfg["workers"] else 0
-            for i, g in enumerate(cfg["groups"])]
+    # With an index and workers, equal shares pad the last ones with the first samples (drop_last=False); the
+    # index counts a bad shard's samples too (its entry is a good shard's)
+    pads = [(-_index_of(_source_urls(cfg, i, g, base), base).total_samples) % cfg["workers"]
+            if cfg.get("index") and cfg["workers"] else 0 for i, g in enumerate(cfg["groups"])]
     twice = len(got) - len(set(got))
     if stop is not None and len(got) >= stop:
         if error is not None:
