@@ -116,6 +116,8 @@ class FluidPipeline(IterableDataset):  # type: ignore[type-arg]
     _size: int | None = None
     _pending: dict[str, Any] | None = None
     _current: tuple[_Pass, list[int]] | None = None
+    #: A state loaded at the end of its epoch, which the last ``iter()`` found nothing left of: still the position.
+    _finished: dict[str, Any] | None = None
 
     def _source(self, run: _Pass, resume: dict[str, Any] | None) -> Iterator[Any]:
         """A fresh iterator over the source; records each item's position with ``run.recorder()`` when it can."""
@@ -173,13 +175,18 @@ class FluidPipeline(IterableDataset):  # type: ignore[type-arg]
         runner.load_state_dict(state["state"], list(zip(items, groups)))
 
     def __iter__(self) -> Iterator[Any]:
-        resume, self._pending = self._pending, None
+        resume, self._pending, self._finished = self._pending, None, None
         limit = self._nsamples if self._repetitions != 1 and self._nsamples > 0 else -1
         counters = [0, 0]  # [repetition, items yielded in this epoch]
         if resume is not None and "elastic" not in resume:
             counters = [resume["reps"], resume["count"]]
-            if 0 < limit <= counters[1]:
-                return  # saved just as the epoch's last item was delivered: nothing is left of this epoch
+            if 0 < limit <= counters[1] or counters[0] >= self._repetitions:
+                # Saved at the end of the epoch (its last item delivered, or every repetition done): nothing is left
+                # of it, and the state stays that position, so that a checkpoint taken now (a DataLoader worker
+                # whose share ran out before the first checkpoint, resumed, then checkpointed again) resumes
+                # there too, rather than at a fresh epoch that delivers the share once more.
+                self._finished = resume
+                return
         while counters[0] < self._repetitions:
             run = _Pass()
             self._current = (run, counters)
@@ -209,6 +216,8 @@ class FluidPipeline(IterableDataset):  # type: ignore[type-arg]
         :mod:`wds_async.data.state`. Before any iteration, the state loaded last, or the epoch's start."""
         if self._pending is not None:
             return self._pending
+        if self._finished is not None:
+            return self._finished
         run, counters = self._current if self._current is not None else (None, [0, 0])
         count = counters[1] if run is None or run.numbered is None else _position(run.numbered)
         if run is not None:
