@@ -105,7 +105,7 @@ def _draw(rng: random.Random, resume: bool, s3: bool, local: bool = False) -> di
         parts=rng.choice([None, None, 128 << 10]), geometric=rng.random() < 0.5, seed=rng.randrange(1000),
         workers=rng.choice([0, 0, 0, 2]), resampled=rng.random() < 0.2, sleep=rng.choice([0, 0, 0.0005]))
     if resume:
-        cfg.update(cuts=sorted(rng.sample(range(1, 60), rng.choice([1, 2]))), bad=None, handled=False,
+        cfg.update(cuts=sorted(rng.sample(range(1, 60), rng.choice([1, 2, 3]))), bad=None, handled=False,
                    service=False, cache=False)
     else:
         cfg.update(bad=rng.choice([None, None, "nothere", "trunc", "corrupt"]), handled=rng.random() < 0.5,
