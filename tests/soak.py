@@ -113,6 +113,7 @@ def _draw(rng: random.Random, resume: bool, s3: bool, local: bool = False) -> di
                    stop=rng.choice([None, None, None, 1, 5, 30]))
         cfg["cache"] = cfg["cache"] and not cfg["service"]
     cfg["index"] = not cfg["resampled"] and rng.random() < 0.3  # shares of samples, cut from the shards' index
+    cfg["batch"] = rng.choice([None, None, 3, 8])
     return cfg
 
 
@@ -140,6 +141,11 @@ def _index_of(urls: list[str], base: str) -> Any:
         if "/bad/" in url:
             entries.append(dataclasses.replace(_INDEXES.get([base + "small/s0/shard-000000.tar"]).shards[0], url=url))
     return wds.ShardIndex(entries)
+
+
+def _flat(item: Any, cfg: dict[str, Any]) -> list[tuple[int, str]]:
+    """The (source, name) pairs of one delivered item: a sample, or a batch of them."""
+    return [(int(s), k) for s, k in (item if cfg.get("batch") else [item])]
 
 
 def _keyed(source: int) -> Callable[[dict[str, Any]], tuple[int, str]]:
@@ -178,11 +184,15 @@ def _build(cfg: dict[str, Any], base: str, service: str | None, cache: str | Non
             ds = ds.shuffle(cfg["shuffle"], seed=cfg["seed"] + 7 * i)
         sources.append(ds.map(_keyed(i)))
     if cfg["kind"] == "single":
-        return sources[0]
-    if cfg["kind"] == "round-robin":
-        return wds.RoundRobin(sources, longest=cfg["longest"])
-    weights = [0.5 ** i if cfg["geometric"] else 1.0 for i in range(len(sources))]
-    return wds.RandomMix(sources, weights, seed=cfg["seed"], longest=cfg["longest"])
+        data = sources[0]
+    elif cfg["kind"] == "round-robin":
+        data = wds.RoundRobin(sources, longest=cfg["longest"])
+    else:
+        weights = [0.5 ** i if cfg["geometric"] else 1.0 for i in range(len(sources))]
+        data = wds.RandomMix(sources, weights, seed=cfg["seed"], longest=cfg["longest"])
+    if cfg.get("batch"):
+        data = data.batched(cfg["batch"], collation_fn=list)  # a stage on the mix (or dataset) itself
+    return data
 
 
 class _Watch:
@@ -223,8 +233,8 @@ def _pass(cfg: dict[str, Any], counts: dict[tuple[str, int], int], base: str, se
     stop = cfg.get("stop")
     it = iter(_loader(_build(cfg, base, service if cfg["service"] else None, cache), cfg["workers"]))
     try:
-        for sample, key in it:
-            got.append((int(sample), key))
+        for item in it:
+            got.extend(_flat(item, cfg))
             watch.tick()
             if cfg["sleep"]:
                 time.sleep(cfg["sleep"])
@@ -259,7 +269,9 @@ def _pass(cfg: dict[str, Any], counts: dict[tuple[str, int], int], base: str, se
     if not cfg["resampled"] and twice > sum(pads):
         return f"{twice} samples twice"
     per = [sum(1 for s, _ in got if s == i) for i in range(len(cfg["groups"]))]
-    want = [EPOCH * (cfg["workers"] or 1) if cfg["resampled"] else counts[(g, i)] + pads[i]
+    # with_epoch counts what its pipeline delivers: a single dataset's batches when it is batched (as webdataset's)
+    per_epoch = EPOCH * (cfg["batch"] if cfg.get("batch") and cfg["kind"] == "single" else 1)
+    want = [per_epoch * (cfg["workers"] or 1) if cfg["resampled"] else counts[(g, i)] + pads[i]
             for i, g in enumerate(cfg["groups"])]
     if cfg["bad"] or not whole:
         return None if cfg["bad"] or all(p <= w for p, w in zip(per, want)) else f"per source {per}, at most {want}"
@@ -320,8 +332,8 @@ def _resumed(cfg: dict[str, Any], base: str) -> str | None:
     watch = _Watch(json.dumps(cfg))
     try:
         full = []
-        for sample, key in _loader(_build(cfg, base, None, None), cfg["workers"]):
-            full.append((int(sample), key))
+        for item in _loader(_build(cfg, base, None, None), cfg["workers"]):
+            full.extend(_flat(item, cfg))
             watch.tick()
         pieces: list[tuple[int, str]] = []
         state = None
@@ -332,10 +344,10 @@ def _resumed(cfg: dict[str, Any], base: str) -> str | None:
             it = iter(loader)
             while cut is None or len(pieces) < cut:
                 try:
-                    sample, key = next(it)
+                    item = next(it)
                 except StopIteration:
                     break
-                pieces.append((int(sample), key))
+                pieces.extend(_flat(item, cfg))  # a batch at a time: the checkpoint falls between batches
                 watch.tick()
             if cut is not None:
                 state = loader.state_dict()
