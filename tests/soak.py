@@ -114,6 +114,10 @@ def _draw(rng: random.Random, resume: bool, s3: bool, local: bool = False) -> di
         cfg["cache"] = cfg["cache"] and not cfg["service"]
     cfg["index"] = not cfg["resampled"] and rng.random() < 0.3  # shares of samples, cut from the shards' index
     cfg["batch"] = rng.choice([None, None, 3, 8])
+    if resume:  # elastic: one checkpoint, its merge loaded into a dataset read by another number of workers
+        cfg["elastic"] = (rng.random() < 0.3 and not cfg["resampled"] and not cfg["index"]
+                          and (cfg["kind"] == "single" or cfg["longest"]))
+        cfg["workers2"] = rng.choice([0, 2, 3]) if cfg["elastic"] else None
     return cfg
 
 
@@ -160,7 +164,8 @@ def _source_urls(cfg: dict[str, Any], i: int, group: str, base: str) -> list[str
     return urls
 
 
-def _build(cfg: dict[str, Any], base: str, service: str | None, cache: str | None) -> Any:
+def _build(cfg: dict[str, Any], base: str, service: str | None, cache: str | None,
+           workers: int | None = None) -> Any:
     sources = []
     for i, group in enumerate(cfg["groups"]):
         urls = _source_urls(cfg, i, group, base)
@@ -169,7 +174,7 @@ def _build(cfg: dict[str, Any], base: str, service: str | None, cache: str | Non
             deterministic=cfg["ordered"], nodesplitter=None, resampled=cfg["resampled"],
             detshuffle=cfg["resampled"], seed=cfg["seed"] + i,
             handler=wds.ignore_and_continue if cfg["handled"] else None)
-        if not cfg["workers"]:
+        if not (cfg["workers"] if workers is None else workers):
             options["workersplitter"] = None
         if service:
             options["service"] = service
@@ -327,6 +332,34 @@ def _leaked(before: tuple[dict[str, str], int, set[int]]) -> str | None:
         time.sleep(0.05)
 
 
+def _elastic(cfg: dict[str, Any], base: str, watch: _Watch, full: list[tuple[int, str]]) -> str | None:
+    """The first piece through ``workers`` and the rest, from the merge of its checkpoint, through ``workers2``:
+    every sample of the uninterrupted pass exactly once (the order is the new split's)."""
+    cut = cfg["cuts"][0]
+    loader = _loader(_build(cfg, base, None, None), cfg["workers"])
+    it = iter(loader)
+    pieces: list[tuple[int, str]] = []
+    while len(pieces) < cut:
+        try:
+            item = next(it)
+        except StopIteration:
+            break
+        pieces.extend(_flat(item, cfg))
+        watch.tick()
+    state = loader.state_dict()
+    del it, loader
+    data = _build(cfg, base, None, None, workers=cfg["workers2"])
+    data.load_state_dict(wds.merge_states([state]))
+    for item in _loader(data, cfg["workers2"]):
+        pieces.extend(_flat(item, cfg))
+        watch.tick()
+    if sorted(pieces) == sorted(full):
+        return None
+    twice = len(pieces) - len(set(pieces))
+    return (f"elastic: {len(pieces)} samples against {len(full)}, {twice} twice, "
+            f"{len(set(full) - set(pieces))} missing")
+
+
 def _resumed(cfg: dict[str, Any], base: str) -> str | None:
     """An uninterrupted pass against the pieces between checkpoints; what differs, or None."""
     watch = _Watch(json.dumps(cfg))
@@ -335,6 +368,8 @@ def _resumed(cfg: dict[str, Any], base: str) -> str | None:
         for item in _loader(_build(cfg, base, None, None), cfg["workers"]):
             full.extend(_flat(item, cfg))
             watch.tick()
+        if cfg.get("elastic") and cfg["cuts"][0] < len(full):
+            return _elastic(cfg, base, watch, full)
         pieces: list[tuple[int, str]] = []
         state = None
         for cut in [c for c in cfg["cuts"] if c < len(full)] + [None]:

@@ -182,3 +182,27 @@ def test_elastic_merge_takes_a_rank_that_never_started(indexed: tuple[list[str],
     again.load_state_dict(wds.merge_states([state1, state0]))
     got += _keys(again)
     assert sorted(got) == sorted(_keys(wds.WebDataset(urls)))
+
+
+def test_a_merge_may_hand_a_rank_only_the_empty_end_of_a_shard(indexed: tuple[list[str], Path],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checkpointed right after a shard's last sample, before its end was read: the merge re-splits the end of that
+    shard as work. The new rank given only that end reads nothing, which is no empty tar (``EmptyShards`` was
+    raised there; found by the resume soak, elastic trials)."""
+    urls, _ = indexed  # 3, 5, 1 and 4 samples
+    everything = sorted(_keys(wds.WebDataset(urls)))
+    ds = wds.WebDataset(urls, deterministic=True)
+    it = iter(ds)
+    got = [next(it)["__key__"] for _ in range(3)]  # all of shard 0
+    state = ds.state_dict()
+    it.close()
+    assert state["source"]["progress"]["pos"] and state["source"]["progress"]["pos"][0][0] == 0, \
+        "shard 0 must still be in flight at the checkpoint for this test to mean anything"
+    merged = wds.merge_states([state])
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    for rank in range(4):
+        monkeypatch.setenv("RANK", str(rank))
+        again = wds.WebDataset(urls)
+        again.load_state_dict(merged)
+        got += _keys(again)
+    assert sorted(got) == everything

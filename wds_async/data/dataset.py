@@ -346,12 +346,15 @@ class WebDataset(FluidPipeline):
         finally:
             samples.close()
             stop_publishing()
-        if self.empty_check and fresh and empty and stats.shards_skipped == 0:
-            first = getattr(todo[0], "url", None) if isinstance(todo, list) and todo else None
+        # Only shards read from their start must hold samples: the rest of one that a merged state hands over
+        # (merge_states, another number of processes) may hold none, its last sample delivered before the checkpoint
+        whole = [item for item in todo if getattr(item, "start", 0) == 0] if isinstance(todo, list) else None
+        if self.empty_check and fresh and empty and stats.shards_skipped == 0 and (whole is None or whole):
+            first = getattr(whole[0], "url", None) if whole else None
             raise EmptyShards(
-                f"no samples found in {len(todo) if isinstance(todo, list) else 'the'} shards of this "
+                f"no samples found in {len(whole) if whole is not None else 'the'} shards of this "
                 "process (are they empty tars?); turn this check off with WebDataset(..., empty_check=False)",
-                url=redact_url(first) if first else None, shards=len(todo) if isinstance(todo, list) else 0)
+                url=redact_url(first) if first else None, shards=len(whole) if whole is not None else 0)
 
     def stats(self) -> dict[str, Any]:
         """Counters and rates of the latest iteration (see :class:`~wds_async.stats.Stats`).
