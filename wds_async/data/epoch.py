@@ -146,9 +146,11 @@ class Planner:
                 return buffer_shuffled(entries, bufsize, shuffle_seed)
 
         if self._default_split():
-            node, worker = self.splitters
-            runs = base[procs.rank::procs.world] if node is not None else base
-            runs = runs[procs.worker::procs.workers] if worker is not None else runs
+            # By ``procs`` alone: this process counts a disabled splitter as one of one, and an old process of an
+            # elastic merge says how it was split, whatever this dataset's splitters are (rebuilt with this one's, a
+            # state saved by DataLoader workers and merged into a dataset with workersplitter=None gave every old
+            # worker the whole list: samples twice, or offsets of one shard applied to another)
+            runs = base[procs.rank::procs.world][procs.worker::procs.workers]
             return shard_items(runs, self.urls, (), reorder)
         return shard_items(base, self.urls, self.splitters, reorder)
 
