@@ -83,6 +83,9 @@ _TICK = 0.02
 ACCEPT_BACKOFF = 0.1
 #: Accept errors that concern only the connection being accepted (it went away first): try the next one.
 _GONE_BEFORE_ACCEPT = (errno.ECONNABORTED, errno.EPROTO, errno.EPERM, errno.EINTR)
+#: The sessions' counters the service sums into its own (its autotuner reads them; a session's are kept when it ends).
+_SUMMED = ("bytes_read", "throttled", "requests", "retries", "samples_read", "samples_delivered", "shards_done",
+           "shards_skipped", "cache_hits", "cache_fills", "cache_bypasses")
 
 
 class Service:
@@ -211,12 +214,10 @@ class Service:
 
     async def _aggregate(self) -> None:
         """Sum the sessions' counters into the service-wide ones the autotuner reads, every tick."""
-        names = ("bytes_read", "throttled", "requests", "retries", "samples_read", "samples_delivered",
-                 "shards_done", "shards_skipped", "cache_hits", "cache_fills", "cache_bypasses")
         while True:
             live = list(self.sessions)
             stats = self.stats
-            for name in names:
+            for name in _SUMMED:
                 setattr(stats, name, getattr(self._retired, name) + sum(getattr(s.stats, name) for s in live))
             stats.wait_seconds = self._retired.wait_seconds + sum(s.stats.wait_seconds for s in live)
             stats.open_streams = sum(s.stats.open_streams for s in live)
@@ -230,8 +231,7 @@ class Service:
     def _retire(self, session: Session) -> None:
         self.sessions.discard(session)
         self._tasks.pop(session, None)
-        for name in ("bytes_read", "throttled", "requests", "retries", "samples_read", "samples_delivered",
-                     "shards_done", "shards_skipped", "cache_hits", "cache_fills", "cache_bypasses", "wait_seconds"):
+        for name in (*_SUMMED, "wait_seconds"):
             setattr(self._retired, name, getattr(self._retired, name) + getattr(session.stats, name))
 
     async def run(self, on_ready: Callable[[], None] | None = None) -> None:
