@@ -178,32 +178,31 @@ class PipeBackend:
 
         Python 3.11 hangs for good when ``create_subprocess_shell`` is cancelled after the fork (its cleanup
         waits for pipes that were never connected; 3.12 fixed it), and a consumer that stops early cancels
-        exactly there. So the start runs shielded in a task of its own; a cancellation waits for it (a fork
-        and an exec: milliseconds), stops the command, then propagates. Starts are one at a time in the process
+        exactly there. So the start runs in a task of its own, which a cancellation of the caller does not
+        reach: the caller waits for it (a fork and an exec: milliseconds), stops the command, then propagates. Starts are one at a time in the process
         (see the module docstring)."""
-        give_back: Callable[[], None] | None = await _take_turn()
+        give_back = await _take_turn()
+        start = asyncio.ensure_future(asyncio.create_subprocess_shell(
+            cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=errfile,
+            start_new_session=True, cwd=self.cwd, env=self.env,
+        ))
+        cancelled: asyncio.CancelledError | None = None
         try:
-            start = asyncio.ensure_future(asyncio.create_subprocess_shell(
-                cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=errfile,
-                start_new_session=True, cwd=self.cwd, env=self.env,
-            ))
-            try:
-                return await asyncio.shield(start)
-            except asyncio.CancelledError:
-                while not start.done():
-                    with suppress(asyncio.CancelledError):
-                        await asyncio.shield(start)
-                if give_back is not None:
-                    give_back()  # started: the next start need not wait for this command to be stopped
-                    give_back = None
-                if not start.cancelled() and start.exception() is None:
-                    await self._stop(start.result())
-                raise
-            except OSError as exc:
-                raise BackendError(f"cannot start the shell for the pipe: command: {exc}", url=url) from None
+            while not start.done():  # the start runs to its end, also for a caller cancelled meanwhile
+                try:
+                    await asyncio.wait([start])
+                except asyncio.CancelledError as exc:
+                    cancelled = exc
         finally:
-            if give_back is not None:
-                give_back()
+            give_back()  # started: the next start need not wait for this command to be stopped
+        if cancelled is not None:
+            if not start.cancelled() and start.exception() is None:
+                await self._stop(start.result())
+            raise cancelled
+        try:
+            return start.result()
+        except OSError as exc:
+            raise BackendError(f"cannot start the shell for the pipe: command: {exc}", url=url) from None
 
     async def _stop(self, proc: asyncio.subprocess.Process) -> None:
         """Terminate the command's process group if it still runs; always reap it."""
