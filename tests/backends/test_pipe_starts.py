@@ -21,6 +21,24 @@ from wds_async.backends import pipe
 from wds_async.backends.pipe import PipeBackend
 
 
+def _in_threads(target: Any, count: int, timeout: float) -> list[BaseException]:
+    """Run ``target()`` in ``count`` threads at once; what they raised."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            target()
+        except BaseException as exc:  # reported to the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    return errors
+
+
 def test_datasets_in_threads_read_pipe_shards_together(tmp_path: Path) -> None:
     """Three datasets over many small ``pipe:`` shards, each iterated in its own thread (each its own engine and
     loop), as a training and an evaluation set read together: every sample of each, no error. (Before, one or
@@ -29,21 +47,12 @@ def test_datasets_in_threads_read_pipe_shards_together(tmp_path: Path) -> None:
     urls = [f"pipe:cat {tmp_path}/shard-{i:06d}.tar" for i in range(40)]
     expected = len(list(wds.WebDataset([u.removeprefix("pipe:cat ") for u in urls])))
     counts: list[int] = []
-    errors: list[BaseException] = []
 
     def read() -> None:
-        try:
-            for _ in range(2):
-                counts.append(sum(1 for _ in wds.WebDataset(urls, max_connections=8)))
-        except BaseException as exc:  # reported below
-            errors.append(exc)
+        for _ in range(2):
+            counts.append(sum(1 for _ in wds.WebDataset(urls, max_connections=8)))
 
-    threads = [threading.Thread(target=read) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert errors == []
+    assert _in_threads(read, 3, 120) == []
     assert counts == [expected] * 6
 
 
@@ -69,7 +78,6 @@ def test_starts_from_two_loops_never_overlap(tmp_path: Path, monkeypatch: Any) -
     target = tmp_path / "x"
     target.write_bytes(b"x" * 1000)
     barrier = threading.Barrier(2)
-    failures: list[BaseException] = []
 
     async def opens() -> None:
         backend = PipeBackend()
@@ -86,17 +94,10 @@ def test_starts_from_two_loops_never_overlap(tmp_path: Path, monkeypatch: Any) -
         try:
             barrier.wait()
             loop.run_until_complete(opens())
-        except BaseException as exc:  # reported below
-            failures.append(exc)
         finally:
             loop.close()
 
-    threads = [threading.Thread(target=run) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert failures == []
+    assert _in_threads(run, 2, 60) == []
     assert state["peak"] == 1
 
 
